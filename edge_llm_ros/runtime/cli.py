@@ -1,0 +1,489 @@
+"""`edge-llm-ros`: a command line shaped like `ros2`.
+
+    edge-llm-ros launch pipeline [mode:=tree ...]
+    edge-llm-ros topic list|echo|pub|hz|info
+    edge-llm-ros node list
+    edge-llm-ros service list|call
+    edge-llm-ros action list|send_goal
+    edge-llm-ros interface show TYPE
+    edge-llm-ros bag record|play|info
+
+Exit codes: 0 success, 1 a runtime failure (timeout, server gone), 2 bad
+input (unknown type, malformed YAML, missing file) with a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import yaml
+
+from .interfaces import InterfaceError, registry
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A failure reported as one line; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------ helpers
+def parse_values(text: str, where: str) -> dict:
+    try:
+        values = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise CliError(f"{where}: malformed YAML: {str(exc).splitlines()[0]}") from exc
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise CliError(f"{where}: expected a YAML mapping like \"{{data: 'hi'}}\", got {text!r}")
+    return values
+
+
+def format_message(msg: Any) -> str:
+    return yaml.safe_dump(registry().to_dict(msg), sort_keys=False, allow_unicode=True, width=120).rstrip() + "\n---"
+
+
+class Session:
+    """A short-lived CLI node plus a thread that runs its callbacks."""
+
+    def __init__(self) -> None:
+        from . import embedded
+
+        self.rt = embedded
+        embedded.init(args=[], install_signal_handlers=False)
+        self.node = embedded.Node(f"_edge_llm_ros_cli_{os.getpid()}")
+        self._spinner = threading.Thread(target=self._spin, daemon=True)
+        self._spinner.start()
+
+    def _spin(self) -> None:
+        ctx = self.rt.get_context()
+        while ctx.ok():
+            self.rt.spin_once(0.2, ctx)
+
+    def resolve_topic_type(self, topic: str, given: str | None, wait_s: float) -> str:
+        """The type given, or the one the graph shows for the topic (waiting up to wait_s)."""
+        if given:
+            return registry().check_message(given)
+        topic = self.node.resolve(topic)
+        deadline = time.monotonic() + wait_s
+        while True:
+            types = dict(self.node.get_topic_names_and_types()).get(topic)
+            if types:
+                if len(types) > 1:
+                    raise CliError(f"{topic} has several types {types}; name one")
+                return types[0]
+            if time.monotonic() >= deadline:
+                raise CliError(f"could not determine the type of {topic} (no publisher seen in {wait_s:g} s); pass it explicitly", EXIT_FAIL)
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.node.destroy_node()
+        self.rt.shutdown()
+
+
+def wait_forever_or(stop: threading.Event, seconds: float | None) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait(seconds)
+
+
+# ------------------------------------------------------------------- topic
+def cmd_topic_list(args: argparse.Namespace, s: Session) -> int:
+    for name, types in s.node.get_topic_names_and_types():
+        print(f"{name} [{', '.join(types)}]" if args.show_types else name)
+    return EXIT_OK
+
+
+def cmd_topic_info(args: argparse.Namespace, s: Session) -> int:
+    topic = s.node.resolve(args.topic)
+    entries = [e for e in s.node.graph() if e.name == topic and e.kind in ("MP", "MS")]
+    types = sorted({e.ros_type for e in entries})
+    print(f"Type: {', '.join(types) or 'unknown'}")
+    print(f"Publisher count: {sum(e.kind == 'MP' for e in entries)}")
+    print(f"Subscription count: {sum(e.kind == 'MS' for e in entries)}")
+    return EXIT_OK
+
+
+def cmd_topic_echo(args: argparse.Namespace, s: Session) -> int:
+    ros_type = s.resolve_topic_type(args.topic, args.type, args.wait)
+    stop = threading.Event()
+    count = [0]
+
+    def on_msg(msg: Any) -> None:
+        if stop.is_set():
+            return
+        print(format_message(msg), flush=True)
+        count[0] += 1
+        if args.once or (args.count and count[0] >= args.count):
+            stop.set()
+
+    s.node.create_subscription(ros_type, args.topic, on_msg, 100)
+    wait_forever_or(stop, args.timeout)
+    if (args.once or args.count) and not stop.is_set():
+        raise CliError(f"no message on {s.node.resolve(args.topic)} within {args.timeout:g} s", EXIT_FAIL)
+    return EXIT_OK
+
+
+def cmd_topic_pub(args: argparse.Namespace, s: Session) -> int:
+    ros_type = registry().check_message(args.type)
+    msg = registry().from_dict(ros_type, parse_values(args.values, args.type))
+    pub = s.node.create_publisher(ros_type, args.topic, 10)
+    times = 1 if args.once else args.times
+    if args.wait_matching > 0 and not pub.wait_for_subscribers(args.wait_matching):
+        print(f"warning: no subscriber on {pub.topic_name} after {args.wait_matching:g} s; publishing anyway", file=sys.stderr)
+    print(f"publisher: beginning loop\npublishing #1: {registry().to_dict(msg)}", flush=True)
+    sent = 0
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.is_set():
+        pub.publish(msg)
+        sent += 1
+        if times and sent >= times:
+            break
+        stop.wait(1.0 / args.rate)
+    time.sleep(0.2)  # let Zenoh flush the last sample before the session closes
+    return EXIT_OK
+
+
+def cmd_topic_hz(args: argparse.Namespace, s: Session) -> int:
+    ros_type = s.resolve_topic_type(args.topic, args.type, args.wait)
+    stamps: list[float] = []
+    lock = threading.Lock()
+
+    def on_msg(*_a: Any) -> None:
+        with lock:
+            stamps.append(time.monotonic())
+
+    s.node.create_subscription(ros_type, args.topic, on_msg, 100, raw=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    while not stop.wait(1.0):
+        with lock:
+            window = stamps[-args.window:]
+        if len(window) >= 2:
+            gaps = [b - a for a, b in zip(window, window[1:])]
+            mean = sum(gaps) / len(gaps)
+            print(f"average rate: {1.0 / mean:.3f}\n\tmin: {min(gaps):.3f}s max: {max(gaps):.3f}s window: {len(window)}", flush=True)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    return EXIT_OK
+
+
+# ------------------------------------------------------------- node/service
+def cmd_node_list(args: argparse.Namespace, s: Session) -> int:
+    own = s.node.get_fully_qualified_name()
+    for name, ns in s.node.get_node_names_and_namespaces():
+        fqn = f"{ns.rstrip('/')}/{name}"
+        if fqn != own:
+            print(fqn)
+    return EXIT_OK
+
+
+def cmd_service_list(args: argparse.Namespace, s: Session) -> int:
+    for name, types in s.node.get_service_names_and_types():
+        print(f"{name} [{', '.join(types)}]" if args.show_types else name)
+    return EXIT_OK
+
+
+def cmd_service_call(args: argparse.Namespace, s: Session) -> int:
+    srv = registry().service(args.type)
+    request = registry().from_dict(srv.request, parse_values(args.values, srv.request))
+    client = s.node.create_client(srv.name, args.service)
+    if not client.wait_for_service(args.timeout):
+        raise CliError(f"service {client.srv_name} is not available (waited {args.timeout:g} s)", EXIT_FAIL)
+    print(f"requester: making request: {registry().to_dict(request)}\n", flush=True)
+    try:
+        response = client.call(request, timeout_sec=args.timeout)
+    except TimeoutError as exc:
+        raise CliError(str(exc), EXIT_FAIL) from exc
+    print("response:\n" + format_message(response), flush=True)
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------- action
+def cmd_action_list(args: argparse.Namespace, s: Session) -> int:
+    suffix = "/_action/send_goal"
+    for name, types in s.node.get_service_names_and_types():
+        if name.endswith(suffix):
+            base = name[: -len(suffix)]
+            types = [t.replace("_SendGoal", "") for t in types]
+            print(f"{base} [{', '.join(types)}]" if args.show_types else base)
+    return EXIT_OK
+
+
+def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
+    from .actions import STATUS_NAMES, STATUS_SUCCEEDED, ActionClient
+
+    spec = registry().action(args.type)
+    goal = registry().from_dict(spec.goal, parse_values(args.values, spec.goal))
+    client = ActionClient(s.node, spec.name, args.action, call_timeout=args.timeout)
+    print("Waiting for an action server to become available...", flush=True)
+    if not client.wait_for_server(args.timeout):
+        raise CliError(f"action server {client.name} is not available (waited {args.timeout:g} s)", EXIT_FAIL)
+    print(f"Sending goal:\n{yaml.safe_dump(registry().to_dict(goal), sort_keys=False).rstrip()}\n", flush=True)
+    streaming = [False]
+
+    def on_feedback(fb_msg: Any) -> None:
+        fb = fb_msg.feedback
+        if hasattr(fb, "text_delta"):  # stream text as it comes, like a chat client
+            sys.stdout.write(fb.text_delta)
+            sys.stdout.flush()
+            streaming[0] = True
+        elif args.feedback:
+            print("Feedback:\n" + format_message(fb), flush=True)
+
+    try:
+        handle = client.send_goal_async(goal, on_feedback).result(args.timeout + 5)
+        if not handle.accepted:
+            print("Goal was rejected.", flush=True)
+            return EXIT_FAIL
+        print(f"Goal accepted with ID: {handle.goal_id.hex()}\n", flush=True)
+        result_future = handle.get_result_async()
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        while not result_future.wait(0.1):
+            if stop.is_set():
+                handle.cancel_goal_async().result(args.timeout + 5)
+                stop.clear()
+        response = result_future.result()
+    except TimeoutError as exc:
+        raise CliError(str(exc), EXIT_FAIL) from exc
+    if streaming[0]:
+        print("\n")
+    print("Result:\n" + format_message(response.result), flush=True)
+    print(f"Goal finished with status: {STATUS_NAMES.get(response.status, response.status)}", flush=True)
+    return EXIT_OK if response.status == STATUS_SUCCEEDED else EXIT_FAIL
+
+
+# ---------------------------------------------------------------- interface
+def cmd_interface_show(args: argparse.Namespace) -> int:
+    name = args.type
+    reg = registry()
+    parts = name.strip("/").split("/")
+    kind = parts[1] if len(parts) == 3 else "msg"
+    if kind == "srv":
+        srv = reg.service(name)
+        print(reg.msgdef(srv.request).split("\n====")[0].rstrip() + "\n---\n" + reg.msgdef(srv.response).split("\n====")[0].rstrip())
+    elif kind == "action":
+        act = reg.action(name)
+        print("\n---\n".join(reg.msgdef(t).split("\n====")[0].rstrip() for t in (act.goal, act.result, act.feedback)))
+    else:
+        print(reg.msgdef(name).split("\n====")[0].rstrip())
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- bag
+def cmd_bag_info(args: argparse.Namespace) -> int:
+    from . import bag
+
+    print(bag.format_info(bag.info(args.path)))
+    return EXIT_OK
+
+
+def cmd_bag_record(args: argparse.Namespace, s: Session) -> int:
+    from . import bag
+
+    if not args.all and not args.topics:
+        raise CliError("name topics to record, or pass --all")
+    out = args.output or time.strftime("rosbag2_%Y_%m_%d-%H_%M_%S")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with bag.BagWriter(out, storage=args.storage) as writer:
+        recorder = bag.Recorder(writer)
+        subscribed: set[str] = set()
+
+        def on_raw(topic: str, ros_type: str, data: bytes, stamp: int) -> None:
+            recorder.on_message(topic, ros_type, data, stamp)
+            if args.max_messages and recorder.count >= args.max_messages:
+                stop.set()
+
+        wanted = {s.node.resolve(t) for t in args.topics}
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        print(f"[INFO] [bag record]: recording to {out} ({args.storage})", file=sys.stderr, flush=True)
+        while not stop.is_set():
+            for topic, types in s.node.get_topic_names_and_types():
+                if topic in subscribed or (not args.all and topic not in wanted) or "/_action/" in topic:
+                    continue
+                s.node.create_subscription(types[0], topic, on_raw, 1000, raw=True)
+                subscribed.add(topic)
+                print(f"[INFO] [bag record]: subscribed to {topic} ({types[0]})", file=sys.stderr, flush=True)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            stop.wait(0.2)
+        time.sleep(0.1)  # let the executor hand over what already arrived
+        s.rt.spin_once(0)
+    print(f"[INFO] [bag record]: wrote {recorder.count} messages to {out}", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
+def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
+    from . import bag
+
+    reader = bag.BagReader(args.path)
+    publishers: dict[str, Any] = {}
+    for topic, ros_type, _count, _fmt in reader.topics():
+        if args.topics and topic not in args.topics:
+            continue
+        registry().check_message(ros_type)
+        publishers[topic] = s.node.create_publisher(ros_type, topic, 1000)
+    # Give subscribers that already exist time to be matched before the first message.
+    for topic, pub in publishers.items():
+        if s.node.count_subscribers(topic):
+            pub.wait_for_subscribers(args.wait_matching)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def publish(topic: str, _ros_type: str, data: bytes) -> None:
+        publishers[topic].publish_raw(data)
+
+    count = bag.play(reader, publish, rate=args.rate, topics=set(publishers), loop=args.loop, stop=stop)
+    time.sleep(0.2)  # let Zenoh flush the last samples before the session closes
+    print(f"[INFO] [bag play]: published {count} messages", file=sys.stderr, flush=True)
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+
+    launch = verbs.add_parser("launch", help="run a deployment: launch file name or params YAML", add_help=False)
+    launch.add_argument("rest", nargs=argparse.REMAINDER)
+
+    topic = verbs.add_parser("topic", help="topics").add_subparsers(dest="sub", required=True)
+    t = topic.add_parser("list")
+    t.add_argument("-t", "--show-types", action="store_true")
+    t.set_defaults(func=cmd_topic_list)
+    t = topic.add_parser("info")
+    t.add_argument("topic")
+    t.set_defaults(func=cmd_topic_info)
+    t = topic.add_parser("echo")
+    t.add_argument("topic")
+    t.add_argument("type", nargs="?")
+    t.add_argument("--once", action="store_true", help="exit after the first message")
+    t.add_argument("--count", type=int, default=0, help="exit after this many messages")
+    t.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    t.add_argument("--wait", type=float, default=10.0, help="seconds to wait for a publisher to learn the type")
+    t.set_defaults(func=cmd_topic_echo)
+    t = topic.add_parser("pub")
+    t.add_argument("topic")
+    t.add_argument("type")
+    t.add_argument("values", nargs="?", default="{}")
+    t.add_argument("-1", "--once", action="store_true")
+    t.add_argument("-t", "--times", type=int, default=0, help="publish this many times, then exit")
+    t.add_argument("-r", "--rate", type=float, default=1.0)
+    t.add_argument("-w", "--wait-matching", type=float, default=5.0, help="seconds to wait for a subscriber first")
+    t.set_defaults(func=cmd_topic_pub)
+    t = topic.add_parser("hz")
+    t.add_argument("topic")
+    t.add_argument("type", nargs="?")
+    t.add_argument("--window", type=int, default=100)
+    t.add_argument("--duration", type=float, default=None)
+    t.add_argument("--wait", type=float, default=10.0)
+    t.set_defaults(func=cmd_topic_hz)
+
+    node = verbs.add_parser("node", help="nodes").add_subparsers(dest="sub", required=True)
+    node.add_parser("list").set_defaults(func=cmd_node_list)
+
+    service = verbs.add_parser("service", help="services").add_subparsers(dest="sub", required=True)
+    t = service.add_parser("list")
+    t.add_argument("-t", "--show-types", action="store_true")
+    t.set_defaults(func=cmd_service_list)
+    t = service.add_parser("call")
+    t.add_argument("service")
+    t.add_argument("type")
+    t.add_argument("values", nargs="?", default="{}")
+    t.add_argument("--timeout", type=float, default=10.0)
+    t.set_defaults(func=cmd_service_call)
+
+    action = verbs.add_parser("action", help="actions").add_subparsers(dest="sub", required=True)
+    t = action.add_parser("list")
+    t.add_argument("-t", "--show-types", action="store_true")
+    t.set_defaults(func=cmd_action_list)
+    t = action.add_parser("send_goal")
+    t.add_argument("action")
+    t.add_argument("type")
+    t.add_argument("values", nargs="?", default="{}")
+    t.add_argument("-f", "--feedback", action="store_true", help="print every feedback message")
+    t.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server and each call")
+    t.set_defaults(func=cmd_action_send_goal)
+
+    interface = verbs.add_parser("interface", help="message definitions").add_subparsers(dest="sub", required=True)
+    t = interface.add_parser("show")
+    t.add_argument("type")
+    t.set_defaults(func=cmd_interface_show, offline=True)
+
+    bagp = verbs.add_parser("bag", help="rosbag2 files").add_subparsers(dest="sub", required=True)
+    t = bagp.add_parser("info")
+    t.add_argument("path")
+    t.set_defaults(func=cmd_bag_info, offline=True)
+    t = bagp.add_parser("record")
+    t.add_argument("topics", nargs="*")
+    t.add_argument("-a", "--all", action="store_true")
+    t.add_argument("-o", "--output")
+    t.add_argument("-s", "--storage", default="mcap", choices=["mcap", "sqlite3"])
+    t.add_argument("-d", "--duration", type=float, default=None, help="stop after this many seconds")
+    t.add_argument("--max-messages", type=int, default=0, help="stop after this many messages")
+    t.set_defaults(func=cmd_bag_record)
+    t = bagp.add_parser("play")
+    t.add_argument("path")
+    t.add_argument("-r", "--rate", type=float, default=1.0)
+    t.add_argument("--topics", nargs="*")
+    t.add_argument("-l", "--loop", action="store_true")
+    t.add_argument("--wait-matching", type=float, default=3.0, help="seconds to wait for known subscribers to match")
+    t.set_defaults(func=cmd_bag_play)
+    return p
+
+
+EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {}
+"""Verbs that bring their own parser (generate, bench, train, plan): name -> main(argv)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "launch":
+        from .launcher import main as launch_main
+
+        return launch_main(argv[1:])
+    if argv and argv[0] in EXTRA_VERBS:
+        return EXTRA_VERBS[argv[0]](argv[1:])
+    args = build_parser().parse_args(argv)
+    from .bag import BagError
+    from .params import ParamsError
+
+    session = None
+    try:
+        if getattr(args, "offline", False):
+            return args.func(args)
+        session = Session()
+        return args.func(args, session)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except (InterfaceError, ParamsError, BagError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if session is not None:
+            session.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,677 @@
+"""The embedded backend: the rclpy subset our nodes use, on Zenoh.
+
+Wire behaviour follows rmw_zenoh (see graph.py), so a ROS 2 system running
+rmw_zenoh_cpp sees these nodes and topics. Semantics follow rclpy where the
+nodes depend on them:
+
+- callbacks (subscriptions, timers, service requests, futures) run in an
+  executor, one at a time, when the program spins; Zenoh's own threads only
+  deserialize and enqueue;
+- a message that does not deserialize, or arrives with another type or hash
+  than the subscription's, is logged as an error naming topic and type and is
+  dropped; the node keeps serving;
+- a client call to a server that is gone fails with ServiceTimeoutError after
+  its timeout, never hangs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zenoh
+
+from . import graph
+from .interfaces import InterfaceError, registry
+from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
+from .router import router_endpoint
+
+LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
+
+
+class ServiceTimeoutError(TimeoutError):
+    """A service or action server did not answer in time (usually: it is gone)."""
+
+
+class ParameterError(ValueError):
+    """An undeclared parameter, or a value of the wrong type."""
+
+
+# --------------------------------------------------------------------- futures
+class Future:
+    """A result that arrives later (rclpy.task.Future's methods)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._callbacks: list[Callable[[Future], None]] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, result: Any) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(None, exc)
+
+    def _finish(self, result: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._result, self._exception = result, exc
+            self._event.set()
+            callbacks = list(self._callbacks)
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[[Future], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The result (raises the failure); waits up to `timeout` seconds when given."""
+        if timeout is not None and not self._event.wait(timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+
+# -------------------------------------------------------------------- context
+class Context:
+    """One per process: the Zenoh session, the executor queue and shutdown state."""
+
+    def __init__(self, args: list[str] | None = None, domain_id: int | None = None) -> None:
+        self.argv = list(sys.argv if args is None else args)
+        self.ros_args: RosArgs = parse_ros_args(self.argv)
+        self.domain_id = int(os.environ.get("ROS_DOMAIN_ID", "0")) if domain_id is None else domain_id
+        self.session = zenoh.open(_session_config(router_endpoint()))
+        self.zid = str(self.session.info.zid())
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.shutdown_event = threading.Event()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def next_id(self) -> int:
+        with self._lock:
+            return next(self._ids)
+
+    def post(self, fn: Callable, *args: Any) -> None:
+        """Run fn(*args) on the executor (callable from any thread)."""
+        self.queue.put((fn, args))
+
+    def ok(self) -> bool:
+        return not self.shutdown_event.is_set()
+
+    def shutdown(self) -> None:
+        if self.shutdown_event.is_set():
+            return
+        self.shutdown_event.set()
+        self.queue.put(None)
+
+    def close(self) -> None:
+        self.shutdown()
+        try:
+            self.session.close()
+        except zenoh.ZError:
+            pass
+
+
+def _session_config(endpoint: str) -> zenoh.Config:
+    conf = zenoh.Config()
+    conf.insert_json5("mode", json.dumps("peer"))
+    conf.insert_json5("connect/endpoints", json.dumps([endpoint]))
+    conf.insert_json5("scouting/multicast/enabled", "false")
+    conf.insert_json5("listen/endpoints", json.dumps(["tcp/127.0.0.1:0"]))
+    return conf
+
+
+_context: Context | None = None
+_context_lock = threading.Lock()
+
+
+def init(args: list[str] | None = None, install_signal_handlers: bool = True) -> Context:
+    """Start the process's context (rclpy.init); SIGTERM then shuts it down cleanly."""
+    global _context
+    with _context_lock:
+        if _context is None or not _context.ok():
+            _context = Context(args)
+    if install_signal_handlers and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: get_context().shutdown())
+    return _context
+
+
+def get_context() -> Context:
+    if _context is None:
+        raise RuntimeError("call runtime.init() before creating nodes")
+    return _context
+
+
+def ok() -> bool:
+    return _context is not None and _context.ok()
+
+
+def shutdown() -> None:
+    global _context
+    with _context_lock:
+        if _context is not None:
+            _context.close()
+            _context = None
+
+
+# ------------------------------------------------------------------- executor
+def spin_once(timeout_sec: float | None = None, context: Context | None = None) -> bool:
+    """Run at most one queued callback; False when nothing ran."""
+    ctx = context or get_context()
+    try:
+        item = ctx.queue.get(timeout=timeout_sec) if timeout_sec != 0 else ctx.queue.get_nowait()
+    except queue.Empty:
+        return False
+    if item is None:  # shutdown wake-up
+        ctx.queue.put(None)
+        return False
+    fn, args = item
+    fn(*args)
+    return True
+
+
+def spin(node: Any = None, context: Context | None = None) -> None:
+    """Run callbacks until shutdown (SIGINT raises KeyboardInterrupt as in rclpy)."""
+    ctx = context or get_context()
+    while ctx.ok():
+        spin_once(0.5, ctx)
+
+
+def spin_until_future_complete(node: Any, future: Future, timeout_sec: float | None = None) -> None:
+    ctx = get_context()
+    deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
+    while ctx.ok() and not future.done():
+        left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+        if left <= 0:
+            return
+        spin_once(left, ctx)
+
+
+# ------------------------------------------------------------------- logging
+class Logger:
+    """rclpy-style logger: `[LEVEL] [time] [name]: message` on stderr."""
+
+    def __init__(self, name: str, level: str = "info") -> None:
+        self.name = name
+        self.level = LOG_LEVELS.get(level.lower(), 20)
+
+    def set_level(self, level: str) -> None:
+        self.level = LOG_LEVELS[level.lower()]
+
+    def _log(self, level: str, value: int, message: str) -> None:
+        if value >= self.level:
+            print(f"[{level}] [{time.time():.6f}] [{self.name}]: {message}", file=sys.stderr, flush=True)
+
+    def debug(self, message: str) -> None:
+        self._log("DEBUG", 10, message)
+
+    def info(self, message: str) -> None:
+        self._log("INFO", 20, message)
+
+    def warning(self, message: str) -> None:
+        self._log("WARN", 30, message)
+
+    warn = warning
+
+    def error(self, message: str) -> None:
+        self._log("ERROR", 40, message)
+
+    def fatal(self, message: str) -> None:
+        self._log("FATAL", 50, message)
+
+
+# ---------------------------------------------------------------- parameters
+@dataclass
+class Parameter:
+    name: str
+    value: Any
+
+
+# ------------------------------------------------------------- QoS and types
+@dataclass(frozen=True)
+class QoSProfile:
+    """The QoS knobs the embedded backend honours (depth, reliability, durability)."""
+
+    depth: int = 10
+    reliable: bool = True
+    transient_local: bool = False
+
+    def token(self) -> str:
+        return graph.QosProfile(
+            reliability=graph.QosReliability.RELIABLE if self.reliable else graph.QosReliability.BEST_EFFORT,
+            durability=graph.QosDurability.TRANSIENT_LOCAL if self.transient_local else graph.QosDurability.VOLATILE,
+            history_depth=self.depth,
+        ).encode()
+
+
+def _qos(qos: Any) -> QoSProfile:
+    if isinstance(qos, QoSProfile):
+        return qos
+    if isinstance(qos, int):
+        return QoSProfile(depth=qos)
+    raise TypeError(f"qos must be an int depth or a QoSProfile, got {qos!r}")
+
+
+def type_name_of(cls_or_name: Any, attr: str = "__msgtype__") -> str:
+    if isinstance(cls_or_name, str):
+        return cls_or_name
+    name = getattr(cls_or_name, attr, None)
+    if name is None:
+        raise InterfaceError(f"{cls_or_name!r} is not a message/service/action type of this runtime")
+    return name
+
+
+class ServiceClass:
+    """What `runtime.service(name)` returns: `.Request` and `.Response` classes."""
+
+    def __init__(self, name: str) -> None:
+        srv = registry().service(name)
+        self.__srvtype__ = srv.name
+        self.Request = registry().message_class(srv.request)
+        self.Response = registry().message_class(srv.response)
+
+
+class ActionClass:
+    """What `runtime.action(name)` returns: `.Goal`, `.Result`, `.Feedback`."""
+
+    def __init__(self, name: str) -> None:
+        act = registry().action(name)
+        self.__actiontype__ = act.name
+        self.spec = act
+        self.Goal = registry().message_class(act.goal)
+        self.Result = registry().message_class(act.result)
+        self.Feedback = registry().message_class(act.feedback)
+
+
+# ----------------------------------------------------------------- endpoints
+class _Endpoint:
+    """Shared parts: graph token, data key expression, attachment bookkeeping."""
+
+    def __init__(self, node: Node, kind: graph.EntityKind, name: str, ros_type: str, qos: QoSProfile) -> None:
+        self.node = node
+        self.name = name
+        self.ros_type = ros_type
+        self.type_hash = registry().type_hash(ros_type)
+        self.key = graph.data_key(node.context.domain_id, name, ros_type, self.type_hash)
+        self.gid = uuid.uuid4().bytes
+        self._seq = itertools.count(1)
+        self._entity = graph.EndpointEntity(
+            node=node.entity, entity_id=node.context.next_id(), kind=kind, name=name,
+            dds_type_name=graph.ros2_to_dds_type(ros_type), type_hash=self.type_hash, qos=qos.token(),
+        )
+        self._token = None
+
+    def _announce(self) -> None:
+        """Declare the graph token, after the data endpoint exists (so a peer that sees it can use it)."""
+        self._token = self.node.context.session.liveliness().declare_token(
+            graph.endpoint_liveliness_keyexpr(self._entity)
+        )
+
+    def attachment(self, seq: int | None = None, gid: bytes | None = None) -> bytes:
+        seq = next(self._seq) if seq is None else seq
+        return graph.Attachment(seq, time.time_ns(), gid or self.gid).to_bytes()
+
+    def destroy(self) -> None:
+        if self._token is not None:
+            self._token.undeclare()
+
+
+class Publisher(_Endpoint):
+    def __init__(self, node: Node, ros_type: str, topic: str, qos: QoSProfile) -> None:
+        super().__init__(node, graph.EntityKind.PUBLISHER, topic, ros_type, qos)
+        congestion = zenoh.CongestionControl.BLOCK if qos.reliable else zenoh.CongestionControl.DROP
+        self._pub = node.context.session.declare_publisher(self.key, congestion_control=congestion)
+        self.topic_name = topic
+        self._announce()
+
+    def wait_for_subscribers(self, timeout_sec: float) -> bool:
+        """True once Zenoh routes this publisher to at least one subscriber."""
+        deadline = time.monotonic() + timeout_sec
+        while not self._pub.matching_status.matching:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def publish(self, msg: Any) -> None:
+        if getattr(msg, "__msgtype__", None) != self.ros_type:
+            raise TypeError(f"{self.topic_name} carries {self.ros_type}, not {getattr(msg, '__msgtype__', type(msg))}")
+        self.publish_raw(registry().serialize(msg, self.ros_type))
+
+    def publish_raw(self, data: bytes) -> None:
+        """Publish already-serialized CDR bytes (bag playback)."""
+        self._pub.put(data, attachment=self.attachment())
+
+    def get_subscription_count(self) -> int:
+        return sum(1 for e in self.node.graph() if e.kind == "MS" and e.name == self.topic_name)
+
+    def destroy(self) -> None:
+        self._pub.undeclare()
+        super().destroy()
+
+
+class Subscription(_Endpoint):
+    """Receives every type/hash on the topic so that mismatches are reported, not silent."""
+
+    def __init__(self, node: Node, ros_type: str, topic: str, callback: Callable, qos: QoSProfile, raw: bool = False) -> None:
+        super().__init__(node, graph.EntityKind.SUBSCRIPTION, topic, ros_type, qos)
+        self.topic_name = topic
+        self._callback = callback
+        self._raw = raw
+        any_type = f"{node.context.domain_id}/{topic.lstrip('/')}/*/*"
+        self._sub = node.context.session.declare_subscriber(any_type, self._on_sample)
+        self._announce()
+
+    def _on_sample(self, sample: zenoh.Sample) -> None:
+        key = str(sample.key_expr)
+        data = sample.payload.to_bytes()
+        if key != self.key:
+            _prefix, dds_type, type_hash = key.rsplit("/", 2)
+            self.node.get_logger().error(
+                f"dropped a message on {self.topic_name}: it was published as {graph.dds_to_ros_type(dds_type)} "
+                f"({type_hash}), this subscription expects {self.ros_type} ({self.type_hash})"
+            )
+            return
+        if self._raw:
+            stamp = time.time_ns()
+            self.node.context.post(self._callback, self.topic_name, self.ros_type, data, stamp)
+            return
+        try:
+            msg = registry().deserialize(data, self.ros_type)
+        except Exception as exc:  # rosbags raises assorted errors on bad bytes
+            self.node.get_logger().error(
+                f"dropped a malformed message on {self.topic_name} (type {self.ros_type}, {len(data)} bytes): {exc}"
+            )
+            return
+        self.node.context.post(self._callback, msg)
+
+    def destroy(self) -> None:
+        self._sub.undeclare()
+        super().destroy()
+
+
+class Service(_Endpoint):
+    def __init__(self, node: Node, srv_name: str, name: str, callback: Callable, qos: QoSProfile) -> None:
+        super().__init__(node, graph.EntityKind.SERVICE, name, srv_name, qos)
+        self.srv = registry().service(srv_name)
+        self._callback = callback
+        self._queryable = node.context.session.declare_queryable(self.key, self._on_query, complete=True)
+        self._announce()
+
+    def _on_query(self, query: zenoh.Query) -> None:
+        try:
+            request = registry().deserialize(query.payload.to_bytes(), self.srv.request)
+            att = graph.Attachment.from_bytes(query.attachment.to_bytes())
+        except Exception as exc:
+            self.node.get_logger().error(f"rejected a malformed request on service {self.name} ({self.srv.name}): {exc}")
+            query.reply_err(f"malformed request: {exc}".encode())
+            return
+        self.node.context.post(self._serve, query, request, att)
+
+    def _serve(self, query: zenoh.Query, request: Any, att: graph.Attachment) -> None:
+        """Run the callback; a callback may return a Future to answer later (action results)."""
+        try:
+            response = self._callback(request, registry().new(self.srv.response))
+        except Exception as exc:
+            self.node.get_logger().error(f"service {self.name} failed: {exc!r}")
+            query.reply_err(f"service failed: {exc}".encode())
+            return
+        if isinstance(response, Future):
+            response.add_done_callback(lambda f: self._reply(query, att, f.result()))
+        else:
+            self._reply(query, att, response)
+
+    def _reply(self, query: zenoh.Query, att: graph.Attachment, response: Any) -> None:
+        try:
+            payload = registry().serialize(response, self.srv.response)
+            query.reply(self.key, payload, attachment=self.attachment(att.sequence_id, att.gid))
+        except Exception as exc:
+            self.node.get_logger().error(f"service {self.name} could not send its response: {exc!r}")
+        finally:
+            query.drop()
+
+    def destroy(self) -> None:
+        self._queryable.undeclare()
+        super().destroy()
+
+
+class Client(_Endpoint):
+    def __init__(self, node: Node, srv_name: str, name: str, qos: QoSProfile) -> None:
+        super().__init__(node, graph.EntityKind.CLIENT, name, srv_name, qos)
+        self.srv = registry().service(srv_name)
+        self.srv_name = name
+        self._announce()
+
+    def service_is_ready(self) -> bool:
+        return any(e.kind == "SS" and e.name == self.srv_name for e in self.node.graph())
+
+    def wait_for_service(self, timeout_sec: float | None = None) -> bool:
+        deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
+        while not self.service_is_ready():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def call_async(self, request: Any, timeout_sec: float = 10.0) -> Future:
+        """Send a request; the future fails with ServiceTimeoutError when no server answers in time."""
+        future = Future()
+        payload = registry().serialize(request, self.srv.request)
+
+        def worker() -> None:
+            try:
+                replies = self.node.context.session.get(
+                    self.key, payload=payload, attachment=self.attachment(),
+                    target=zenoh.QueryTarget.ALL_COMPLETE, consolidation=zenoh.ConsolidationMode.NONE,
+                    timeout=timeout_sec,
+                )
+                for reply in replies:
+                    if reply.ok is not None:
+                        future.set_result(registry().deserialize(reply.ok.payload.to_bytes(), self.srv.response))
+                        return
+                    future.set_exception(RuntimeError(f"service {self.srv_name} failed: {reply.err.payload.to_bytes().decode(errors='replace')}"))
+                    return
+                future.set_exception(ServiceTimeoutError(
+                    f"no server answered service {self.srv_name} ({self.srv.name}) within {timeout_sec:g} s"
+                ))
+            except Exception as exc:  # session closed under us, bad reply bytes
+                future.set_exception(exc)
+
+        threading.Thread(target=worker, name=f"call {self.srv_name}", daemon=True).start()
+        return future
+
+    def call(self, request: Any, timeout_sec: float = 10.0) -> Any:
+        """Blocking call; raises ServiceTimeoutError when no server answers in time."""
+        return self.call_async(request, timeout_sec).result(timeout_sec + 5.0)
+
+
+class Timer:
+    def __init__(self, node: Node, period_sec: float, callback: Callable) -> None:
+        if period_sec <= 0:
+            raise ValueError(f"timer period must be > 0, got {period_sec}")
+        self._stop = threading.Event()
+        self._period = period_sec
+        self._callback = callback
+        self._context = node.context
+        self._thread = threading.Thread(target=self._run, daemon=True, name="timer")
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_time = time.monotonic() + self._period
+        while not self._stop.wait(max(0.0, next_time - time.monotonic())):
+            if not self._context.ok():
+                return
+            self._context.post(self._callback)
+            next_time += self._period
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    destroy = cancel
+
+
+# ----------------------------------------------------------------------- node
+class Node:
+    """A ROS 2 node on the embedded backend (the rclpy.node.Node methods we use)."""
+
+    def __init__(self, node_name: str, *, namespace: str | None = None, context: Context | None = None,
+                 parameter_overrides: dict[str, Any] | None = None) -> None:
+        self.context = context or get_context()
+        args = self.context.ros_args
+        self._name, self._namespace = args.node_identity(node_name, namespace or "/")
+        logger_name = self.get_fully_qualified_name().lstrip("/").replace("/", ".")
+        self._logger = Logger(logger_name, args.log_levels.get(logger_name) or args.log_level or "info")
+        self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
+        self._overrides.update(parameter_overrides or {})
+        self._parameters: dict[str, Parameter] = {}
+        self.entity = graph.NodeEntity(
+            domain_id=self.context.domain_id, session_id=self.context.zid, node_id=self.context.next_id(),
+            node_name=self._name, namespace=self._namespace,
+        )
+        self._token = self.context.session.liveliness().declare_token(graph.node_liveliness_keyexpr(self.entity))
+        self._entities: list[Any] = []
+
+    # identity
+    def get_name(self) -> str:
+        return self._name
+
+    def get_namespace(self) -> str:
+        return self._namespace
+
+    def get_fully_qualified_name(self) -> str:
+        return f"{self._namespace.rstrip('/')}/{self._name}"
+
+    def get_logger(self) -> Logger:
+        return self._logger
+
+    def resolve(self, name: str) -> str:
+        return resolve_name(name, self._namespace, self._name, self.context.ros_args.remaps)
+
+    # parameters
+    def declare_parameter(self, name: str, default_value: Any = None) -> Parameter:
+        value = self._overrides.get(name, default_value)
+        if default_value is not None and value is not None and type(value) is not type(default_value):
+            if isinstance(default_value, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            else:
+                raise ParameterError(
+                    f"parameter '{name}' of {self.get_fully_qualified_name()} must be "
+                    f"{type(default_value).__name__}, got {value!r}"
+                )
+        param = Parameter(name, value)
+        self._parameters[name] = param
+        return param
+
+    def declare_parameters(self, namespace: str, parameters: list[tuple[str, Any]]) -> list[Parameter]:
+        prefix = f"{namespace}." if namespace else ""
+        return [self.declare_parameter(prefix + name, value) for name, value in parameters]
+
+    def get_parameter(self, name: str) -> Parameter:
+        if name not in self._parameters:
+            raise ParameterError(f"parameter '{name}' is not declared on {self.get_fully_qualified_name()}")
+        return self._parameters[name]
+
+    def has_parameter(self, name: str) -> bool:
+        return name in self._parameters
+
+    # endpoints
+    def _keep(self, entity: Any) -> Any:
+        self._entities.append(entity)
+        return entity
+
+    def create_publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Publisher:
+        name = registry().check_message(type_name_of(msg_type))
+        return self._keep(Publisher(self, name, self.resolve(topic), _qos(qos)))
+
+    def create_subscription(self, msg_type: Any, topic: str, callback: Callable, qos: Any = 10, *, raw: bool = False) -> Subscription:
+        name = registry().check_message(type_name_of(msg_type))
+        return self._keep(Subscription(self, name, self.resolve(topic), callback, _qos(qos), raw=raw))
+
+    def create_service(self, srv_type: Any, name: str, callback: Callable, qos: Any = 10) -> Service:
+        return self._keep(Service(self, type_name_of(srv_type, "__srvtype__"), self.resolve(name), callback, _qos(qos)))
+
+    def create_client(self, srv_type: Any, name: str, qos: Any = 10) -> Client:
+        return self._keep(Client(self, type_name_of(srv_type, "__srvtype__"), self.resolve(name), _qos(qos)))
+
+    def create_timer(self, period_sec: float, callback: Callable) -> Timer:
+        return self._keep(Timer(self, period_sec, callback))
+
+    # graph
+    def graph(self, timeout: float = 2.0) -> list[graph.GraphEntry]:
+        """All liveliness tokens currently in the system, parsed."""
+        entries = []
+        for reply in self.context.session.liveliness().get(f"{graph.ADMIN_SPACE}/{self.context.domain_id}/**", timeout=timeout):
+            if reply.ok is not None:
+                entry = graph.parse_token(str(reply.ok.key_expr))
+                if entry is not None:
+                    entries.append(entry)
+        return entries
+
+    def get_node_names_and_namespaces(self) -> list[tuple[str, str]]:
+        return sorted({(e.node_name, e.node_namespace) for e in self.graph() if e.kind == "NN"})
+
+    def get_topic_names_and_types(self) -> list[tuple[str, list[str]]]:
+        return _names_and_types(e for e in self.graph() if e.kind in ("MP", "MS"))
+
+    def get_service_names_and_types(self) -> list[tuple[str, list[str]]]:
+        return _names_and_types(e for e in self.graph() if e.kind in ("SS", "SC"))
+
+    def count_publishers(self, topic: str) -> int:
+        topic = self.resolve(topic)
+        return sum(1 for e in self.graph() if e.kind == "MP" and e.name == topic)
+
+    def count_subscribers(self, topic: str) -> int:
+        topic = self.resolve(topic)
+        return sum(1 for e in self.graph() if e.kind == "MS" and e.name == topic)
+
+    def destroy_node(self) -> None:
+        for entity in reversed(self._entities):
+            try:
+                entity.destroy()
+            except zenoh.ZError:
+                pass
+        self._entities.clear()
+        try:
+            self._token.undeclare()
+        except zenoh.ZError:
+            pass
+
+
+def _names_and_types(entries: Any) -> list[tuple[str, list[str]]]:
+    found: dict[str, set[str]] = {}
+    for e in entries:
+        found.setdefault(e.name, set()).add(e.ros_type)
+    return sorted((name, sorted(types)) for name, types in found.items())
+
+
+__all__ = [
+    "ActionClass", "Client", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError", "ParamsError",
+    "Publisher", "QoSProfile", "Service", "ServiceClass", "ServiceTimeoutError", "Subscription", "Timer",
+    "get_context", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
+]

@@ -1,0 +1,49 @@
+"""pip install path for machines without ROS 2 (colcon uses CMakeLists.txt)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+PACKAGE = "edge_llm_ros"
+here = Path(__file__).parent
+
+
+def share(folder: str, pattern: str = "*") -> tuple[str, list[str]]:
+    return (f"share/{PACKAGE}/{folder}", [str(p) for p in sorted((here / folder).glob(pattern)) if p.is_file()])
+
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    description="Fast lossless LLM/VLM inference for ROS 2 robots: draft on the robot, target on peers, speculative decoding",
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "numpy>=1.26",
+        "pyyaml>=6",
+        "eclipse-zenoh>=1.0,<2",
+        "zenoh-ros2-sdk>=0.1.8",
+        "rosbags>=0.11",
+        "mcap>=1.2",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
+        "vlm": ["qwen-vl-utils>=0.0.10", "opencv-python-headless>=4.8", "torchvision"],
+        "test": ["pytest>=8", "pytest-timeout>=2"],
+    },
+    data_files=[
+        (f"share/{PACKAGE}", ["package.xml"]),
+        share("msg", "*.msg"),
+        share("srv", "*.srv"),
+        share("action", "*.action"),
+        share("launch", "*.py"),
+        share("config", "*.yaml"),
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+    ],
+    entry_points={
+        "console_scripts": [
+            "edge-llm-ros = edge_llm_ros.runtime.cli:main",
+        ],
+    },
+)

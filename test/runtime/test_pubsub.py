@@ -1,0 +1,144 @@
+"""Pub/sub, services and actions across two real processes over a real Zenoh router."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import Proc, wait_until
+from edge_llm_ros.runtime.interfaces import registry
+
+
+def sample_message(name: str, seed: int):
+    """A message with every field set to a non-default value (float32-exact numbers)."""
+    reg = registry()
+    rng = np.random.default_rng(seed)
+    values = {}
+    for fname, (kind, detail) in reg.store.fielddefs[name][1]:
+        if fname == "header":
+            values[fname] = reg.new("std_msgs/msg/Header", frame_id=f"frame{seed}",
+                                    stamp=reg.new("builtin_interfaces/msg/Time", sec=seed, nanosec=7))
+        elif kind.name == "BASE":
+            typ = detail[0]
+            values[fname] = (f"{fname}-{seed}-é" if typ == "string" else True if typ == "bool"
+                             else float(rng.integers(1, 100)) / 4 if typ.startswith("float") else int(rng.integers(1, 100)))
+        elif kind.name == "SEQUENCE" and detail[0][0].name == "BASE":
+            typ = detail[0][1][0]
+            if typ == "string":
+                values[fname] = [f"s{seed}", "t"]
+            else:
+                dtype = getattr(reg.new(name), fname).dtype
+                values[fname] = (rng.integers(0, 120, size=17) / (4 if dtype.kind == "f" else 1)).astype(dtype)
+        elif fname == "twist":
+            values[fname] = reg.new("geometry_msgs/msg/Twist", linear=reg.new("geometry_msgs/msg/Vector3", x=0.5, y=-1.25, z=2.0))
+        elif fname == "stats":
+            values[fname] = reg.new("edge_llm_ros/msg/InferenceStats", tokens=5, tau=2.5, node_name="n")
+    return reg.new(name, **values)
+
+
+CUSTOM = sorted(n for n in registry().store.fielddefs if n.startswith("edge_llm_ros/msg/"))
+
+
+@pytest.fixture(scope="module")
+def peer(router_endpoint):
+    proc = Proc([sys.executable, str(Path(__file__).parent / "peers" / "echo_peer.py")])
+    proc.wait_for_line("READY", 60)
+    yield proc
+    proc.stop()
+
+
+def test_every_custom_message_round_trips(rt_session, peer):
+    rt = rt_session
+    node = rt.Node("pubsub_test", namespace="rt_test")
+    reg = registry()
+    try:
+        for name in CUSTOM:
+            short = name.rsplit("/", 1)[-1]
+            got: list = []
+            event = threading.Event()
+            node.create_subscription(name, f"{short}/back", lambda m, got=got, ev=event: (got.append(m), ev.set()), 10)
+            pub = node.create_publisher(name, short, 10)
+            assert pub.wait_for_subscribers(20), f"peer never subscribed to {short}"
+            sent = sample_message(name, seed=len(short))
+            wait_until(lambda: node.count_subscribers(f"{short}/back") >= 1, 20, f"own subscription on {short}/back")
+            # Publish until the echo arrives (the peer's back-publisher may still be matching us).
+            for _ in range(100):
+                pub.publish(sent)
+                if event.wait(0.2):
+                    break
+            assert got, f"no echo of {name}"
+            assert reg.to_dict(got[0]) == reg.to_dict(sent), name
+    finally:
+        node.destroy_node()
+
+
+def test_service_call_across_processes(rt_session, peer):
+    rt = rt_session
+    node = rt.Node("service_test", namespace="rt_test")
+    from edge_llm_ros import runtime as rtf
+
+    Profile = rtf.service("edge_llm_ros/srv/Profile")
+    client = node.create_client(Profile, "profile")
+    assert client.wait_for_service(20)
+    response = client.call(Profile.Request(token_counts=[1, 2, 8]), timeout_sec=10)
+    assert response.success and response.device == "peer"
+    assert list(response.token_counts) == [1, 2, 8]
+    assert list(response.latency_ms) == [0.5, 1.0, 4.0]
+    node.destroy_node()
+
+
+def test_action_streams_500_feedback_in_order(rt_session, peer):
+    from edge_llm_ros import runtime as rtf
+
+    rt = rt_session
+    node = rt.Node("action_test", namespace="rt_test")
+    Generate = rtf.action("edge_llm_ros/action/Generate")
+    client = rtf.ActionClient(node, Generate, "generate")
+    assert client.wait_for_server(20)
+    seen: list[int] = []
+    handle = client.send_goal_async(Generate.Goal(prompt="count", max_new_tokens=500),
+                                    lambda fb: seen.append(int(fb.feedback.token_ids[0]))).result(20)
+    assert handle.accepted
+    response = handle.get_result_async().result(60)
+    assert response.status == 4  # SUCCEEDED
+    assert list(response.result.token_ids) == list(range(500))
+    wait_until(lambda: len(seen) >= 500, 20, "all 500 feedback messages")
+    assert seen == list(range(500)), "feedback lost or reordered"
+    node.destroy_node()
+
+
+def test_action_cancel(rt_session, peer):
+    from edge_llm_ros import runtime as rtf
+
+    rt = rt_session
+    node = rt.Node("cancel_test", namespace="rt_test")
+    Generate = rtf.action("edge_llm_ros/action/Generate")
+    client = rtf.ActionClient(node, Generate, "generate")
+    assert client.wait_for_server(20)
+    started = threading.Event()
+    handle = client.send_goal_async(Generate.Goal(prompt="hold"), lambda fb: started.set()).result(20)
+    assert handle.accepted
+    assert started.wait(20), "no feedback before cancel"
+    cancel = handle.cancel_goal_async().result(20)
+    assert cancel.return_code == 0 and len(cancel.goals_canceling) == 1
+    response = handle.get_result_async().result(30)
+    assert response.status == 5  # CANCELED
+    assert response.result.finish_reason == "cancelled"
+    node.destroy_node()
+
+
+def test_service_without_server_times_out_clearly(rt_session):
+    from edge_llm_ros import runtime as rtf
+
+    rt = rt_session
+    node = rt.Node("timeout_test", namespace="rt_test")
+    Profile = rtf.service("edge_llm_ros/srv/Profile")
+    client = node.create_client(Profile, "nobody_serves_this")
+    assert not client.wait_for_service(0.5)
+    with pytest.raises(rtf.ServiceTimeoutError, match="nobody_serves_this"):
+        client.call(Profile.Request(), timeout_sec=2.0)
+    node.destroy_node()
