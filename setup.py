@@ -24,7 +24,7 @@ setup(
         "eclipse-zenoh>=1.0,<2",
         "zenoh-ros2-sdk>=0.1.8",
         "rosbags>=0.11",
-        "mcap>=1.2",
+        "mcap>=1.6",
         "tqdm>=4.60",
     ],
     extras_require={
