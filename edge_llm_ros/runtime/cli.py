@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import threading
@@ -302,32 +303,45 @@ def cmd_bag_record(args: argparse.Namespace, s: Session) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    subscriptions = []
+    arrived: queue.SimpleQueue = queue.SimpleQueue()  # written from this thread: sqlite3 is thread-bound
     with bag.BagWriter(out, storage=args.storage) as writer:
         recorder = bag.Recorder(writer)
         subscribed: set[str] = set()
-
-        def on_raw(topic: str, ros_type: str, data: bytes, stamp: int) -> None:
-            recorder.on_message(topic, ros_type, data, stamp)
-            if args.max_messages and recorder.count >= args.max_messages:
-                stop.set()
-
         wanted = {s.node.resolve(t) for t in args.topics}
         deadline = None if args.duration is None else time.monotonic() + args.duration
+        next_scan = 0.0
         print(f"[INFO] [bag record]: recording to {out} ({args.storage})", file=sys.stderr, flush=True)
         while not stop.is_set():
-            for topic, types in s.node.get_topic_names_and_types():
-                if topic in subscribed or (not args.all and topic not in wanted) or "/_action/" in topic:
-                    continue
-                s.node.create_subscription(types[0], topic, on_raw, 1000, raw=True)
-                subscribed.add(topic)
-                print(f"[INFO] [bag record]: subscribed to {topic} ({types[0]})", file=sys.stderr, flush=True)
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= next_scan:  # pick up topics that appear later
+                next_scan = time.monotonic() + 0.5
+                for topic, types in s.node.get_topic_names_and_types():
+                    if topic in subscribed or (not args.all and topic not in wanted) or "/_action/" in topic:
+                        continue
+                    subscriptions.append(s.node.create_subscription(
+                        types[0], topic, lambda *sample: arrived.put(sample), 1000, raw=True))
+                    subscribed.add(topic)
+                    print(f"[INFO] [bag record]: subscribed to {topic} ({types[0]})", file=sys.stderr, flush=True)
+            _drain(arrived, recorder, 0.1)
+            if (deadline is not None and time.monotonic() >= deadline) or (
+                    args.max_messages and recorder.count >= args.max_messages):
                 break
-            stop.wait(0.2)
-        time.sleep(0.1)  # let the executor hand over what already arrived
-        s.rt.spin_once(0)
+        for sub in subscriptions:
+            sub.destroy()
+        _drain(arrived, recorder, 0.0)
     print(f"[INFO] [bag record]: wrote {recorder.count} messages to {out}", file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+def _drain(arrived: queue.SimpleQueue, recorder: Any, wait: float) -> None:
+    """Write what the subscriptions queued, waiting up to `wait` s for the first sample."""
+    try:
+        sample = arrived.get(timeout=wait) if wait > 0 else arrived.get_nowait()
+        while True:
+            recorder.on_message(*sample)
+            sample = arrived.get_nowait()
+    except queue.Empty:
+        return
 
 
 def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:

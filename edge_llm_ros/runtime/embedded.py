@@ -377,7 +377,12 @@ class Publisher(_Endpoint):
 
 
 class Subscription(_Endpoint):
-    """Receives every type/hash on the topic so that mismatches are reported, not silent."""
+    """Receives every type/hash on the topic so that mismatches are reported, not silent.
+
+    With raw=True the callback gets (topic, type, CDR bytes, receive time ns)
+    on Zenoh's thread (it must be thread-safe and quick); otherwise it gets
+    the message, in the executor.
+    """
 
     def __init__(self, node: Node, ros_type: str, topic: str, callback: Callable, qos: QoSProfile, raw: bool = False) -> None:
         super().__init__(node, graph.EntityKind.SUBSCRIPTION, topic, ros_type, qos)
@@ -398,9 +403,11 @@ class Subscription(_Endpoint):
                 f"({type_hash}), this subscription expects {self.ros_type} ({self.type_hash})"
             )
             return
-        if self._raw:
-            stamp = time.time_ns()
-            self.node.context.post(self._callback, self.topic_name, self.ros_type, data, stamp)
+        if self._raw:  # recorders: called right here, on Zenoh's thread, in arrival order
+            try:
+                self._callback(self.topic_name, self.ros_type, data, time.time_ns())
+            except Exception as exc:
+                self.node.get_logger().error(f"raw callback on {self.topic_name} failed: {exc!r}")
             return
         try:
             msg = registry().deserialize(data, self.ros_type)
