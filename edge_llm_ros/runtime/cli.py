@@ -474,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher import main as launch_main
 
         return launch_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from ..demo import main as demo_main
+
+        return demo_main(argv[1:])
     if argv and argv[0] in EXTRA_VERBS:
         return EXTRA_VERBS[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)

@@ -33,7 +33,6 @@ import zenoh
 from . import graph
 from .interfaces import InterfaceError, registry
 from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
-from .router import router_endpoint
 
 LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
 
@@ -106,6 +105,8 @@ class Context:
         self.argv = list(sys.argv if args is None else args)
         self.ros_args: RosArgs = parse_ros_args(self.argv)
         self.domain_id = int(os.environ.get("ROS_DOMAIN_ID", "0")) if domain_id is None else domain_id
+        from .router import router_endpoint  # late: `python -m ...router` must not import itself first
+
         self.session = zenoh.open(_session_config(router_endpoint()))
         self.zid = str(self.session.info.zid())
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -152,13 +153,16 @@ _context_lock = threading.Lock()
 
 
 def init(args: list[str] | None = None, install_signal_handlers: bool = True) -> Context:
-    """Start the process's context (rclpy.init); SIGTERM then shuts it down cleanly."""
+    """Start the process's context (rclpy.init); SIGINT/SIGTERM then shut it down cleanly."""
     global _context
     with _context_lock:
         if _context is None or not _context.ok():
             _context = Context(args)
     if install_signal_handlers and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: get_context().shutdown())
+        # As rclpy does: SIGINT and SIGTERM shut the context down, spin() returns,
+        # and the node cleans up (also when a shell started us with SIGINT ignored).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: get_context().shutdown())
     return _context
 
 
@@ -197,7 +201,7 @@ def spin_once(timeout_sec: float | None = None, context: Context | None = None) 
 
 
 def spin(node: Any = None, context: Context | None = None) -> None:
-    """Run callbacks until shutdown (SIGINT raises KeyboardInterrupt as in rclpy)."""
+    """Run callbacks until shutdown (Ctrl-C / SIGTERM, or shutdown() from elsewhere)."""
     ctx = context or get_context()
     while ctx.ok():
         spin_once(0.5, ctx)

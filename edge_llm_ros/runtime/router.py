@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 
 ENDPOINT_ENV = "EDGE_LLM_ZENOH_ROUTER"
@@ -62,7 +63,7 @@ def router_config(listen: str):
 
 
 def serve(listen: str, ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
-    """Run a router until `stop` is set (or SIGINT/SIGTERM when run as a program)."""
+    """Run a router until `stop` is set; raises if the endpoint cannot be bound."""
     import zenoh
 
     stop = stop or threading.Event()
@@ -83,11 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     ready = threading.Event()
-    thread = threading.Thread(target=serve, args=(args.listen, ready, stop), daemon=True)
-    thread.start()
-    if ready.wait(10):
-        print(f"zenoh router listening on {args.listen}", flush=True)
-    thread.join()
+    ready_then_announce = threading.Thread(
+        target=lambda: ready.wait() and print(f"zenoh router listening on {args.listen}", flush=True), daemon=True)
+    ready_then_announce.start()
+    try:
+        serve(args.listen, ready, stop)
+    except Exception as exc:  # zenoh.ZError: address in use, bad endpoint
+        print(f"error: cannot start a zenoh router on {args.listen}: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -1,0 +1,67 @@
+"""`ros2 launch` support: a launch_ros LaunchDescription from a launch file's NODES and CONFIG.
+
+The embedded launcher (runtime/launcher.py) and `ros2 launch` read the same
+data. Here, under ROS 2, each NODES entry becomes a launch_ros Node loading
+the params file, and every parameter the file gives these nodes becomes a
+launch argument, so `ros2 launch edge_llm_ros pipeline.launch.py chunk_words:=3`
+overrides `chunk_words` on every node that has it, as `edge-llm-ros launch` does.
+
+A parameter whose value differs between nodes is not declared (a declared
+argument has one default); `name:=value` still overrides it on each node,
+whose own value is the fallback. `launch` and `launch_ros` are imported inside
+describe(), so this module imports without ROS 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .runtime.launcher import PACKAGE, LaunchError, NodeSpec, find_config
+from .runtime.params import format_param_value, load_params_file
+
+
+def config_path(config: str) -> Path:
+    """The params file: the installed share/edge_llm_ros/config first, then the source tree's."""
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        installed = Path(get_package_share_directory(PACKAGE)) / "config" / config
+        if installed.is_file():
+            return installed
+    except (ImportError, LookupError):  # PackageNotFoundError is a LookupError
+        pass
+    return find_config(config, Path(__file__).resolve().parents[1] / "launch" / "_.launch.py")
+
+
+def describe(nodes: list[dict[str, Any]], config: str):
+    """launch.LaunchDescription for NODES (launch file dicts) with CONFIG (a params file under config/)."""
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, Shutdown
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    source = Path(f"<{config} launch>")
+    specs = [NodeSpec.from_entry(entry, source) for entry in nodes]
+    params_file = config_path(config)
+    node_params = {spec.fqn: load_params_file(params_file, spec.fqn) for spec in specs}
+
+    defaults: dict[str, set[str]] = {}
+    for params in node_params.values():
+        for key, value in params.items():
+            defaults.setdefault(key, set()).add(format_param_value(value))
+    actions: list = [
+        DeclareLaunchArgument(key, default_value=next(iter(values)),
+                              description=f"parameter '{key}' of every node that has it in {config}")
+        for key, values in sorted(defaults.items()) if len(values) == 1
+    ]
+    for spec in specs:
+        if spec.cmd or spec.module:
+            raise LaunchError(f"node {spec.fqn}: 'cmd' and 'module' are for the embedded launcher only")
+        overrides = {key: LaunchConfiguration(key, default=format_param_value(value))
+                     for key, value in node_params[spec.fqn].items()}
+        extra = {"on_exit": Shutdown(reason=f"required node {spec.fqn} exited")} if spec.required else {}
+        actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
+                            namespace=spec.namespace or None, parameters=[str(params_file), overrides],
+                            remappings=spec.remappings, output="screen", **extra))
+    return LaunchDescription(actions)

@@ -1,0 +1,462 @@
+"""The embedded launcher, run as a real process over fixture nodes and a real Zenoh router.
+
+Fixture nodes (fixtures/fake_node.py) read their command line with params.py,
+print what they got, say `ready`, and report every signal they receive. Tests
+wait on those lines with deadlines; nothing sleeps a fixed time.
+"""
+
+import json
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
+from edge_llm_ros.runtime.launcher import main as launcher_main
+from edge_llm_ros.runtime.router import free_endpoint, router_reachable
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_NODE = Path(__file__).parent / "fixtures" / "fake_node.py"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+STARTED = re.compile(r"^\[launcher\] started (\S+) \(pid (\d+)\)$")
+
+FIXTURE_YAML = """\
+/**:
+  ros__parameters:
+    greeting: hello
+fx:
+  talker:
+    ros__parameters:
+      mode: echo
+      rate: 1.0
+  listener:
+    ros__parameters:
+      mode: echo
+  flaky:
+    ros__parameters:
+      exit_code: 3
+  crasher:
+    ros__parameters:
+      exit_code: 1
+stubborn:
+  ros__parameters:
+    behavior: stubborn
+"""
+
+
+# -------------------------------------------------------------------- helpers
+def node(name, namespace="fx", **extra):
+    return {"executable": "fake_node", "name": name, "namespace": namespace,
+            "cmd": [sys.executable, str(FAKE_NODE)], **extra}
+
+
+def deployment(tmp_path: Path, nodes: list[dict], config_text: str = FIXTURE_YAML) -> Path:
+    """tmp/launch/fixture.launch.py + tmp/config/fixture.yaml, laid out like the package."""
+    (tmp_path / "launch").mkdir(exist_ok=True)
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "fixture.yaml").write_text(config_text)
+    launch = tmp_path / "launch" / "fixture.launch.py"
+    launch.write_text(f'CONFIG = "fixture.yaml"\nNODES = {nodes!r}\n\n\n'
+                      "def generate_launch_description():\n    raise AssertionError('not under ROS 2')\n")
+    return launch
+
+
+class Output:
+    """The lines a stream produces, collected by a thread, waited on with deadlines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def feed(self, text: str) -> None:
+        with self._cond:
+            self.lines.extend(text.splitlines())
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 20.0) -> list[re.Match]:
+        regex, deadline = re.compile(pattern), time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [m for m in map(regex.search, self.lines) if m]
+                remaining = deadline - time.monotonic()
+                if len(found) >= count:
+                    return found
+                if remaining <= 0 or self.closed:
+                    raise AssertionError(f"wanted {count} line(s) matching {pattern!r}, output was:\n"
+                                         + "\n".join(self.lines))
+                self._cond.wait(remaining)
+
+    def wait_closed(self, timeout: float = 20.0) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.closed, timeout), "the stream stayed open"
+
+    def count(self, pattern: str) -> int:
+        with self._cond:
+            return sum(1 for line in self.lines if re.search(pattern, line))
+
+
+class StreamOutput(Output):
+    """A text stream for an in-process Launcher's output."""
+
+    def write(self, text: str) -> int:
+        self.feed(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class TtyOutput(StreamOutput):
+    """... that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def start_launcher(procs: list, *args: str) -> tuple[subprocess.Popen, Output]:
+    """The launcher as a real process in its own session, stdout+stderr collected line by line.
+
+    After the launcher exits, `out.wait_closed()` before reading its last lines.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.runtime.launcher", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT,
+                            start_new_session=True)
+    procs.append(proc)
+    out = Output()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            out.feed(line)
+        out.close()
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, out
+
+
+def started(out: Output) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in map(STARTED.match, out.lines) if m}
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan reparented to a non-reaping init stays a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def procs():
+    """Launchers started by a test; whatever a failing test leaves behind is killed."""
+    launched: list[subprocess.Popen] = []
+    yield launched
+    for proc in launched:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def router():
+    """A Zenoh router started outside the launcher, as an already running deployment would have."""
+    endpoint = free_endpoint()
+    proc = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.runtime.router", "--listen", endpoint],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: router_reachable(endpoint), 15, "the test router")
+    yield endpoint
+    proc.terminate()
+    proc.wait(10)
+
+
+# ----------------------------------------------------------- running launches
+def test_launch_starts_router_and_nodes_overrides_params_and_stops_on_ctrl_c(tmp_path, procs):
+    launch = deployment(tmp_path, [node("talker", remappings=[("chatter", "/remapped")]),
+                                   node("listener"), node("stubborn", namespace="")])
+    endpoint = free_endpoint()
+    proc, out = start_launcher(procs, launch, "mode:=tree", "rate:=2", "--router", endpoint, "--sigterm-timeout", "1")
+    out.wait_for(r"^\[(talker|listener|stubborn)-\d+\] ready$", count=3)
+    pids = started(out)
+    assert list(pids) == ["zenoh_router", "talker", "listener", "stubborn"]  # the router first
+    assert router_reachable(endpoint)
+
+    def said(name: str, pattern: str) -> str:
+        return out.wait_for(rf"^\[{name}-{pids[name]}\] {pattern}$")[0].group(1)
+
+    params = {name: json.loads(said(name, "params (.*)")) for name in ("talker", "listener", "stubborn")}
+    assert params["talker"] == {"greeting": "hello", "mode": "tree", "rate": 2.0}
+    assert type(params["talker"]["rate"]) is float  # `rate:=2` typed like the YAML's 1.0
+    assert params["listener"] == {"greeting": "hello", "mode": "tree"}
+    assert params["stubborn"] == {"greeting": "hello", "behavior": "stubborn"}  # it has no `mode`
+    assert said("stubborn", "identity (.*)") == "/stubborn" and said("talker", "identity (.*)") == "/fx/talker"
+    assert said("talker", "chatter -> (.*)") == "/remapped"
+    assert said("listener", "chatter -> (.*)") == "/fx/chatter"
+    assert {said(name, "router (.*)") for name in ("talker", "listener", "stubborn")} == {endpoint}
+    said("listener", "(a line on stderr)")  # stderr is forwarded with the same prefix
+    assert not any("\x1b[" in line for line in out.lines)  # no colors when not on a terminal
+
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    assert proc.wait(30) == 0
+    out.wait_closed()
+    out.wait_for(r"^\[launcher\] received SIGINT, shutting down$")
+    for name in ("talker", "listener", "stubborn"):  # forwarded once, never double-delivered
+        assert out.count(rf"^\[{name}-{pids[name]}\] got SIGINT$") == 1
+    out.wait_for(rf"^\[launcher\] stubborn \(pid {pids['stubborn']}\) still running, sending SIGTERM$")
+    out.wait_for(rf"^\[stubborn-{pids['stubborn']}\] got SIGTERM$")
+    assert not [name for name, pid in pids.items() if alive(pid)]
+    assert not router_reachable(endpoint)
+
+
+def test_sigterm_to_the_launcher_stops_every_node_and_exits_zero(tmp_path, procs, router):
+    launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    out.wait_for(r"^\[(talker|listener|stubborn)-\d+\] ready$", count=3)
+    out.wait_for(rf"^\[launcher\] using the zenoh router at {re.escape(router)}$")
+    pids = started(out)
+    assert set(pids) == {"talker", "listener", "stubborn"}  # no second router
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    out.wait_closed()
+    out.wait_for(r"^\[launcher\] received SIGTERM, shutting down$")
+    assert not [name for name, pid in pids.items() if alive(pid)]
+    assert router_reachable(router)  # a router the launcher did not start is left alone
+
+
+def test_required_node_dying_stops_the_launch_non_required_is_only_logged(tmp_path, procs, router):
+    launch = deployment(tmp_path, [node("server"), node("flaky", required=False), node("crasher")])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    out.wait_for(r"^\[(server|flaky|crasher)-\d+\] ready$", count=3)
+    pids = started(out)
+
+    os.kill(pids["flaky"], signal.SIGUSR1)
+    out.wait_for(r"^\[launcher\] process flaky died \(exit code 3\)$")
+    assert alive(pids["server"]) and alive(pids["crasher"])
+
+    os.kill(pids["crasher"], signal.SIGUSR1)
+    assert proc.wait(30) == 1
+    out.wait_closed()
+    died = out.lines.index("[launcher] process crasher died (exit code 1)")
+    stopped = out.lines.index(f"[server-{pids['server']}] got SIGINT")
+    assert died < stopped  # the launcher was still supervising, then shut the rest down
+    assert not [name for name, pid in pids.items() if alive(pid)]
+
+
+def test_children_die_with_a_killed_launcher(tmp_path, procs, router):
+    launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    out.wait_for(r"^\[(talker|listener|stubborn)-\d+\] ready$", count=3)
+    pids = started(out)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up: PR_SET_PDEATHSIG must do it
+    proc.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in pids.values()), 15, "orphaned nodes to exit")
+
+
+def test_in_process_launcher_colors_prefixes_on_a_terminal_and_stops_on_request(tmp_path, router):
+    plan = load_plan(str(deployment(tmp_path, [node("talker"), node("listener")])))
+    apply_launch_args(plan, ["mode:=tree"])
+    stream = TtyOutput()
+    launcher = Launcher(plan, router=router, stdout=stream, stderr=stream)
+    ready, result = threading.Event(), {}
+    thread = threading.Thread(target=lambda: result.update(code=launcher.run(ready)))
+    thread.start()
+    try:
+        assert ready.wait(20)
+        talker, listener = (m.group(1) for m in stream.wait_for(r"\x1b\[(\d+)m\[(?:talker|listener)-\d+\]"
+                                                                 r"\x1b\[0m ready$", count=2))
+        assert talker != listener  # one color per node
+        assert stream.count(r"^\[launcher\] started talker \(pid \d+\)$") == 1
+    finally:
+        launcher.stop()
+        thread.join(30)
+    assert result == {"code": 0}
+    assert stream.count(r"got SIGINT$") == 2
+
+
+def test_a_router_that_never_comes_up_fails_the_launch(tmp_path):
+    plan = load_plan(str(deployment(tmp_path, [node("talker")])))
+    stream = StreamOutput()
+    # 192.0.2.1 (TEST-NET-1) is no local address: the router cannot listen there
+    launcher = Launcher(plan, router="tcp/192.0.2.1:7447", router_timeout=1.0, sigterm_timeout=0.5,
+                        sigkill_timeout=0.5, stdout=stream, stderr=stream)
+    assert launcher.run() == 1
+    # the router exits at once when it cannot bind; the launcher reports that and starts no node
+    stream.wait_for(r"^\[zenoh_router-\d+\] error: cannot start a zenoh router on tcp/192.0.2.1:7447: ")
+    stream.wait_for(r"^\[launcher\] process zenoh_router died \(exit code 1\)$")
+    assert started(stream).keys() == {"zenoh_router"}  # no node was started
+    assert not any(alive(pid) for pid in started(stream).values())
+
+
+# ------------------------------------------------------------------- planning
+def test_params_yaml_target_uses_the_launch_file_that_names_it(tmp_path):
+    launch = deployment(tmp_path, [node("talker"), node("stubborn", namespace="", required=False)])
+    plan = load_plan(str(tmp_path / "config" / "fixture.yaml"))
+    assert [(n.fqn, n.required, n.cmd) for n in plan.nodes] == [
+        ("/fx/talker", True, [sys.executable, str(FAKE_NODE)]),
+        ("/stubborn", False, [sys.executable, str(FAKE_NODE)])]
+    assert plan.params_file == (tmp_path / "config" / "fixture.yaml").resolve()
+    assert load_plan(str(launch)).params_file == plan.params_file
+
+
+def test_params_yaml_alone_runs_one_node_per_entry(tmp_path):
+    solo = tmp_path / "config" / "solo.yaml"
+    solo.parent.mkdir()
+    solo.write_text("/**:\n  ros__parameters: {verbose: false}\n"
+                    "edge_llm:\n  echo_node:\n    ros__parameters: {mode: echo, response_delay_s: 0.0}\n"
+                    "monitor_node:\n  ros__parameters: {stats_period_s: 1.0}\n")
+    plan = load_plan(str(solo))
+    apply_launch_args(plan, ["mode:=tree", "response_delay_s:=1", "verbose:=true"])
+    echo, monitor = plan.nodes
+    assert echo.command(plan.params_file) == [
+        sys.executable, "-m", "edge_llm_ros.nodes.echo_node", "--ros-args", "-r", "__node:=echo_node",
+        "-r", "__ns:=/edge_llm", "--params-file", str(solo.resolve()),
+        "-p", "mode:=tree", "-p", "response_delay_s:=1.0", "-p", "verbose:=true"]
+    assert monitor.command(plan.params_file)[2:] == [
+        "edge_llm_ros.nodes.monitor_node", "--ros-args", "-r", "__node:=monitor_node",
+        "--params-file", str(solo.resolve()), "-p", "verbose:=true"]
+
+
+def test_the_shipped_pipeline_argument_reaches_the_echo_node():
+    plan = load_plan("pipeline")
+    assert plan.params_file == ROOT / "config" / "pipeline.yaml"
+    apply_launch_args(plan, ["chunk_words:=3"])
+    echo, monitor = plan.nodes
+    assert (echo.fqn, monitor.fqn) == ("/edge_llm/echo_node", "/edge_llm/monitor")
+    assert echo.parameters == {"chunk_words": "3"} and monitor.parameters == {}
+    assert echo.command(plan.params_file)[3:] == [
+        "--ros-args", "-r", "__node:=echo_node", "-r", "__ns:=/edge_llm", "--params-file",
+        str(ROOT / "config" / "pipeline.yaml"), "-p", "chunk_words:=3"]
+
+
+def test_show_args_lists_every_overridable_parameter(tmp_path, capsys):
+    launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
+    assert launcher_main([str(launch), "--show-args"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "behavior:=stubborn    nodes: /stubborn",
+        "greeting:=hello    nodes: /fx/talker, /fx/listener, /stubborn",
+        "mode:=echo    nodes: /fx/talker, /fx/listener",
+        "rate:=1.0    nodes: /fx/talker"]
+
+
+# --------------------------------------------------------------------- errors
+BAD_LAUNCH = "NODES = [{'executable': 'x'}\n"  # unclosed bracket
+BROKEN_CONFIG_LAUNCH = "CONFIG = 'broken.yaml'\nNODES = [{'executable': 'x'}]\n"
+BAD_NAME_LAUNCH = "NODES = [{'executable': 'x', 'name': 'bad-name'}]\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{launch}", "bogus:=1"], "unknown launch argument 'bogus': no node has that parameter in {config}"),
+    (["{launch}", "rate:=fast"], "launch argument rate:=fast is a str, but 'rate' is a float in {config}"),
+    (["{launch}", "oops"], "launch arguments look like name:=value, got 'oops'"),
+    (["no_such_launch"], "no launch file 'no_such_launch.launch.py' (looked in"),
+    (["{tmp}/missing.yaml"], "{tmp}/missing.yaml: no such parameters file"),
+    (["{tmp}/missing.launch.py"], "{tmp}/missing.launch.py: no such launch file"),
+    (["{tmp}/bad.yaml"], "{tmp}/bad.yaml: malformed YAML (line 2, column 10: mapping values"),
+    (["{tmp}/bad.launch.py"], "{tmp}/bad.launch.py: cannot load launch file (SyntaxError:"),
+    (["{tmp}/launch/broken_config.launch.py"],
+     "{tmp}/config/broken.yaml: node entry 'talker/mode' has no ros__parameters"),
+    (["{tmp}/launch/bad_name.launch.py"], "bad_name.launch.py: invalid node name or namespace ''/'bad-name'"),
+    (["{tmp}/ghost.yaml"], "no executable 'ghost' for node /ghost (module edge_llm_ros.nodes.ghost not found)"),
+    (["{launch}", "--router", "udp/1.2.3.4"], "router endpoint must look like tcp/HOST:PORT"),
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_code_2(tmp_path, args, message):
+    (tmp_path / "pkg").mkdir()
+    launch = deployment(tmp_path / "pkg", [node("talker")])
+    config = tmp_path / "pkg" / "config" / "fixture.yaml"
+    (tmp_path / "bad.yaml").write_text("talker:\n  mode: a: b\n")
+    (tmp_path / "bad.launch.py").write_text(BAD_LAUNCH)
+    for folder in ("config", "launch"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "config" / "broken.yaml").write_text("talker:\n  mode: echo\n")
+    (tmp_path / "launch" / "broken_config.launch.py").write_text(BROKEN_CONFIG_LAUNCH)
+    (tmp_path / "launch" / "bad_name.launch.py").write_text(BAD_NAME_LAUNCH)
+    (tmp_path / "ghost.yaml").write_text("ghost:\n  ros__parameters: {a: 1}\n")
+    argv = [a.format(launch=launch, tmp=tmp_path) for a in args]
+    result = subprocess.run([sys.executable, "-m", "edge_llm_ros.runtime.launcher", *argv], capture_output=True,
+                            text=True, env=ENV, cwd=ROOT, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert message.format(config=config, tmp=tmp_path) in result.stderr
+
+
+# ------------------------------------------------------------- under ROS 2
+class _Recorded:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def _fake_ros_launch(monkeypatch, share: Path | None = None) -> None:
+    """Stand-ins for launch / launch_ros that record how launch_support calls their documented API."""
+    mods = {name: types.ModuleType(name) for name in (
+        "launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions")}
+    for module, names in (("launch", ["LaunchDescription"]), ("launch.actions", ["DeclareLaunchArgument", "Shutdown"]),
+                          ("launch.substitutions", ["LaunchConfiguration"]), ("launch_ros.actions", ["Node"])):
+        for name in names:
+            setattr(mods[module], name, type(name, (_Recorded,), {}))
+    if share is not None:
+        mods["ament_index_python"] = types.ModuleType("ament_index_python")
+        mods["ament_index_python.packages"] = types.ModuleType("ament_index_python.packages")
+        mods["ament_index_python.packages"].get_package_share_directory = lambda pkg: str(share / pkg)
+    for name, module in mods.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
+    share = tmp_path / "share"
+    (share / "edge_llm_ros" / "config").mkdir(parents=True)
+    installed = share / "edge_llm_ros" / "config" / "pipeline.yaml"
+    installed.write_text((ROOT / "config" / "pipeline.yaml").read_text())
+    _fake_ros_launch(monkeypatch, share)
+    description = runpy.run_path(str(ROOT / "launch" / "pipeline.launch.py"))["generate_launch_description"]()
+    actions = description.args[0]
+    declared = {a.args[0]: a.kwargs["default_value"] for a in actions if type(a).__name__ == "DeclareLaunchArgument"}
+    assert declared == {"chunk_words": "1", "stats_period_s": "1.0"}
+    nodes = [a.kwargs for a in actions if type(a).__name__ == "Node"]
+    assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
+        ("edge_llm_ros", "echo_node", "echo_node", "edge_llm", "screen"),
+        ("edge_llm_ros", "monitor_node", "monitor", "edge_llm", "screen")]
+    echo_file, echo_overrides = nodes[0]["parameters"]
+    assert echo_file == str(installed)
+    assert {k: (v.args[0], v.kwargs["default"]) for k, v in echo_overrides.items()} == {
+        "chunk_words": ("chunk_words", "1"), "stats_period_s": ("stats_period_s", "1.0")}
+    assert list(nodes[1]["parameters"][1]) == ["stats_period_s"]
+    assert all(type(n["on_exit"]).__name__ == "Shutdown" for n in nodes)  # both required
+
+
+def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
+    from edge_llm_ros import launch_support
+
+    _fake_ros_launch(monkeypatch)
+    monkeypatch.setattr(launch_support, "config_path", lambda config: tmp_path / config)
+    (tmp_path / "two.yaml").write_text("a:\n  ros__parameters: {mode: x, k: 1}\nb:\n  ros__parameters: {mode: y}\n")
+    description = launch_support.describe([{"executable": "e", "name": "a"},
+                                           {"executable": "e", "name": "b", "required": False,
+                                            "remappings": [("in", "/out")]}], "two.yaml")
+    actions = description.args[0]
+    assert [a.args[0] for a in actions if type(a).__name__ == "DeclareLaunchArgument"] == ["k"]  # mode differs
+    a, b = (x.kwargs for x in actions if type(x).__name__ == "Node")
+    assert a["parameters"][1]["mode"].kwargs["default"] == "x" and b["parameters"][1]["mode"].kwargs["default"] == "y"
+    assert "on_exit" in a and "on_exit" not in b
+    assert b["remappings"] == [("in", "/out")] and b["namespace"] is None
