@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Test data from real ROS 2 installations: shared/ beside the checkout (as CI lays it out).
+TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):

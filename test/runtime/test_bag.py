@@ -25,7 +25,9 @@ from edge_llm_ros.runtime.bag import (
 )
 from edge_llm_ros.runtime.interfaces import registry
 
-TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", "/work/shared/testdata")) / "ros2_bags"
+from conftest import TESTDATA as _TESTDATA
+
+TESTDATA = _TESTDATA / "ros2_bags"
 TALKER_BAGS = [TESTDATA / "talker_mcap", TESTDATA / "talker_sqlite3"]
 TALKER_FILES = [TESTDATA / "talker_mcap" / "talker.mcap", TESTDATA / "talker_sqlite3" / "talker.db3"]
 TALKER_START_NS = 1585866235112411371

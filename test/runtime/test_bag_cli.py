@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Proc, cli, python_module, wait_until
+from conftest import TESTDATA, Proc, cli, python_module, wait_until
 from edge_llm_ros.runtime.bag import BagReader
 from edge_llm_ros.runtime.interfaces import registry
 
-BAGS = REPO.parent / "shared" / "testdata" / "ros2_bags"
+BAGS = TESTDATA / "ros2_bags"
 
 
 @pytest.mark.parametrize("bag", ["talker_mcap", "talker_sqlite3"])

