@@ -17,6 +17,7 @@ setup(
     version="0.1.0",
     description="Fast lossless LLM/VLM inference for ROS 2 robots: draft on the robot, target on peers, speculative decoding",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
+    package_data={PACKAGE: ["data/**/*"]},  # shipped prompts and trained drafters
     python_requires=">=3.10",
     install_requires=[
         "numpy>=1.26",

@@ -7,6 +7,8 @@
     edge-llm-ros action list|send_goal
     edge-llm-ros interface show TYPE
     edge-llm-ros bag record|play|info
+    edge-llm-ros generate|bench|train ...        (the engine; see --help of each)
+    edge-llm-ros demo
 
 Exit codes: 0 success, 1 a runtime failure (timeout, server gone), 2 bad
 input (unknown type, malformed YAML, missing file) with a one-line error.
@@ -373,7 +375,9 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
 
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)")
+    p = argparse.ArgumentParser(
+        prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)",
+        epilog="more verbs: demo, generate, bench, train (each has --help)")
     verbs = p.add_subparsers(dest="verb", required=True)
 
     launch = verbs.add_parser("launch", help="run a deployment: launch file name or params YAML", add_help=False)
@@ -464,8 +468,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {}
-"""Verbs that bring their own parser (generate, bench, train, plan): name -> main(argv)."""
+def _tool(module: str) -> Callable[[list[str]], int]:
+    """A verb implemented in edge_llm_ros.tools.<module>: imported only when used (torch is heavy)."""
+
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return importlib.import_module(f"edge_llm_ros.tools.{module}").main(argv)
+
+    return run
+
+
+EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {
+    "generate": _tool("generate"),
+    "bench": _tool("bench"),
+    "train": _tool("train"),
+}
+"""Verbs that bring their own parser: name -> main(argv)."""
 
 
 def main(argv: list[str] | None = None) -> int:
