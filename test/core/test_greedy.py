@@ -10,6 +10,7 @@ from edge_llm_ros.core import (
     PromptLookupDrafter,
     generate,
     generate_all,
+    preset,
     tiny_llama,
 )
 
@@ -93,3 +94,11 @@ def test_stats_are_consistent(tiny, tiny_drafters):
     assert s.tau == pytest.approx((sum(s.accepted) + s.rounds) / s.rounds)
     assert 0 < s.ttft_s <= s.total_time_s and s.draft_time_s > 0 and s.verify_time_s > 0
     assert set(s.as_dict()) >= {"tau", "acceptance_rate", "tokens_per_s", "accepted", "draft_time_s"}
+
+
+def test_speculative_modes_default_to_prompt_lookup_and_presets(tiny):
+    prompt = prompt_of(6, seed=2) * 2
+    config = preset("tree", max_new_tokens=20)
+    assert (config.tree_depth, config.tree_width) == (6, 16) and config.mode == "tree"
+    result = generate_all(tiny, prompt, config)  # no drafter given: prompt lookup
+    assert result.tokens == hf_greedy(tiny, prompt, 20) and result.stats.drafted > 0

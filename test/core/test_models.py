@@ -91,3 +91,14 @@ def test_real_model_matches_hf_logits_and_chat_template(smollm2):
     assert ours.shape == (len(ids), 49152)
     assert torch.allclose(ours, ref, atol=2e-3, rtol=1e-4)
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_head_copy_follows_weight_updates():
+    model = tiny_llama(vocab_size=32, seed=6)
+    hidden = torch.randn(1, 1, 32)
+    before = model.head(hidden)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # e.g. an optimizer step or load_state_dict
+    after = model.head(hidden)
+    assert torch.allclose(after, model.lm_head(model.norm(hidden)).detach(), atol=1e-5)
+    assert not torch.allclose(after, before)

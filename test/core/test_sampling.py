@@ -11,10 +11,18 @@ import itertools
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, Sampler, generate_all, tiny_llama
+from edge_llm_ros.core import (
+    GenerationConfig,
+    ModelDrafter,
+    PromptLookupDrafter,
+    Sampler,
+    generate_all,
+    tiny_llama,
+)
 verify_module = importlib.import_module("edge_llm_ros.core.verifier")
 
 PROMPT = [1, 2, 3, 4]
+REPETITIVE = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]  # prompt lookup finds continuations (one-hot proposals)
 SAMPLES = 600
 VOCAB = 8
 
@@ -27,20 +35,20 @@ def pair():
     return target, ModelDrafter(draft)
 
 
-def exact_marginals(target, sampler, steps=3):
+def exact_marginals(target, sampler, steps=3, prompt=PROMPT):
     """p(x_1) and the marginal of x_steps, enumerating every earlier continuation."""
     def probs(seq):
         with torch.inference_mode():
             return sampler.probs(target.hf(torch.tensor([seq])).logits[0, -1])
 
-    first = probs(PROMPT)
+    first = probs(prompt)
     last = torch.zeros(VOCAB)
     for prefix in itertools.product(range(VOCAB), repeat=steps - 1):
         weight = 1.0
         for i, tok in enumerate(prefix):
-            weight *= float(probs(PROMPT + list(prefix[:i]))[tok])
+            weight *= float(probs(prompt + list(prefix[:i]))[tok])
         if weight > 0:
-            last += weight * probs(PROMPT + list(prefix))
+            last += weight * probs(prompt + list(prefix))
     return first, last
 
 
@@ -60,10 +68,10 @@ def chi_square_pvalue(counts, expected_probs):
     return float(torch.special.gammaincc(df / 2, stat / 2))
 
 
-def empirical(target, drafter, config):
+def empirical(target, drafter, config, prompt=PROMPT):
     firsts, lasts = torch.zeros(VOCAB), torch.zeros(VOCAB)
     for seed in range(SAMPLES):
-        tokens = generate_all(target, PROMPT, config.with_overrides(seed=seed), drafter).tokens
+        tokens = generate_all(target, prompt, config.with_overrides(seed=seed), drafter).tokens
         firsts[tokens[0]] += 1
         lasts[tokens[2]] += 1
     return firsts, lasts
@@ -85,6 +93,17 @@ def test_mode_samples_follow_the_target_distribution(pair, case):
     config = CASES[case]
     p_first, p_last = exact_marginals(target, Sampler(config.temperature, config.top_k, config.top_p))
     firsts, lasts = empirical(target, drafter, config)
+    assert chi_square_pvalue(firsts, p_first) > 1e-3
+    assert chi_square_pvalue(lasts, p_last) > 1e-3
+
+
+def test_prompt_lookup_one_hot_proposals_stay_exact(pair):
+    target, _ = pair
+    config = CASES["tree"]
+    drafter = PromptLookupDrafter()
+    assert len(drafter.propose(REPETITIVE, config.tree_spec(), Sampler(1.0))) >= 2
+    p_first, p_last = exact_marginals(target, Sampler(1.0), prompt=REPETITIVE)
+    firsts, lasts = empirical(target, drafter, config, prompt=REPETITIVE)
     assert chi_square_pvalue(firsts, p_first) > 1e-3
     assert chi_square_pvalue(lasts, p_last) > 1e-3
 

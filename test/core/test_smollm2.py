@@ -6,7 +6,7 @@ import torch
 
 from edge_llm_ros.core import GenerationConfig, ModelDrafter, PromptLookupDrafter, chat_prompt, generate_all
 
-from conftest import all_threads, hf_greedy
+from conftest import hf_greedy
 
 PROMPTS = [
     "Move forward two meters, then turn left and stop next to the red box.",
@@ -19,26 +19,24 @@ NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def references(smollm2_loaded):
-    model = smollm2_loaded
-    with all_threads():
-        prompts = [chat_prompt(model.tokenizer, p) for p in PROMPTS]
-        return [(p, hf_greedy(model, p, NEW_TOKENS)) for p in prompts]
+def references(smollm2):
+    prompts = [chat_prompt(smollm2.tokenizer, p) for p in PROMPTS]
+    return [(p, hf_greedy(smollm2, p, NEW_TOKENS)) for p in prompts]
 
 
 @pytest.fixture(scope="module")
-def shallow_drafter(smollm2_loaded):
+def shallow_drafter(smollm2):
     """Placeholder until trained drafters exist: the first 2 target layers + norm + head,
     scoring the first 8192 token ids only (a cheaper draft head; the verifier uses all)."""
-    return ModelDrafter(smollm2_loaded.truncated(2), vocab_ids=torch.arange(8192))
+    return ModelDrafter(smollm2.truncated(2), vocab_ids=torch.arange(8192))
 
 
 CONFIGS = {
     "ar": (GenerationConfig(mode="ar", max_new_tokens=NEW_TOKENS), None),
     "sd": (GenerationConfig(mode="sd", gamma=4, max_new_tokens=NEW_TOKENS), "lookup"),
     "tree": (GenerationConfig(mode="tree", tree_depth=4, tree_width=8, tree_branch=2, tree_expand=2,
-                              max_new_tokens=NEW_TOKENS), "shallow"),
-    "llmcad": (GenerationConfig(mode="llmcad", tree_depth=4, tree_width=8, max_new_tokens=NEW_TOKENS), "shallow"),
+                              max_new_tokens=NEW_TOKENS), "lookup"),
+    "llmcad": (GenerationConfig(mode="llmcad", tree_depth=3, tree_width=6, max_new_tokens=NEW_TOKENS), "shallow"),
 }
 
 

