@@ -34,6 +34,7 @@ from . import graph
 from .interfaces import InterfaceError, registry
 from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
 
+ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
 LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
 
 
@@ -107,12 +108,25 @@ class Context:
         self.domain_id = int(os.environ.get("ROS_DOMAIN_ID", "0")) if domain_id is None else domain_id
         from .router import router_endpoint  # late: `python -m ...router` must not import itself first
 
-        self.session = zenoh.open(_session_config(router_endpoint()))
+        endpoint = router_endpoint()
+        self.session = zenoh.open(_session_config(endpoint))
         self.zid = str(self.session.info.zid())
+        self._wait_for_router(endpoint, ROUTER_WAIT_S)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.shutdown_event = threading.Event()
         self._ids = itertools.count()
         self._lock = threading.Lock()
+
+    def _wait_for_router(self, endpoint: str, timeout: float) -> None:
+        """Graph queries and publications need the router; wait for it as rmw_zenoh does."""
+        deadline = time.monotonic() + timeout
+        while not list(self.session.info.routers_zid()):
+            if time.monotonic() >= deadline:
+                print(f"[WARN] no zenoh router at {endpoint} after {timeout:g} s; start one with "
+                      "`python -m edge_llm_ros.runtime.router` (edge-llm-ros launch starts one); "
+                      "continuing, peers will be found when it appears", file=sys.stderr, flush=True)
+                return
+            time.sleep(0.02)
 
     def next_id(self) -> int:
         with self._lock:

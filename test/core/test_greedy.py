@@ -14,7 +14,7 @@ from edge_llm_ros.core import (
     tiny_llama,
 )
 
-from conftest import hf_greedy
+from reference import hf_greedy
 
 
 def prompt_of(length, seed=0, vocab=64):

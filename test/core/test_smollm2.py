@@ -6,7 +6,7 @@ import torch
 
 from edge_llm_ros.core import GenerationConfig, ModelDrafter, PromptLookupDrafter, chat_prompt, generate_all
 
-from conftest import hf_greedy
+from reference import hf_greedy
 
 PROMPTS = [
     "Move forward two meters, then turn left and stop next to the red box.",

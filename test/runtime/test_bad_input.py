@@ -9,7 +9,7 @@ import threading
 import pytest
 import zenoh
 
-from conftest import Proc, cli, python_module, wait_until
+from support import Proc, cli, python_module, wait_until
 from edge_llm_ros.runtime import graph
 from edge_llm_ros.runtime.interfaces import registry
 

@@ -25,7 +25,7 @@ from edge_llm_ros.runtime.bag import (
 )
 from edge_llm_ros.runtime.interfaces import registry
 
-from conftest import TESTDATA as _TESTDATA
+from support import TESTDATA as _TESTDATA
 
 TESTDATA = _TESTDATA / "ros2_bags"
 TALKER_BAGS = [TESTDATA / "talker_mcap", TESTDATA / "talker_sqlite3"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTDATA, Proc, cli, python_module, wait_until
+from support import TESTDATA, Proc, cli, python_module, wait_until
 from edge_llm_ros.runtime.bag import BagReader
 from edge_llm_ros.runtime.interfaces import registry
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Proc, cli, python_module
+from support import Proc, cli, python_module
 
 NS = "/cli_graph"
 

@@ -7,7 +7,7 @@ import re
 import signal
 import sys
 
-from conftest import Proc, cli, wait_until
+from support import Proc, cli, wait_until
 
 THREE_NODES = '''
 CONFIG = "three.yaml"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Proc, wait_until
+from support import Proc, wait_until
 from edge_llm_ros.runtime.interfaces import registry
 
 

@@ -1,0 +1,94 @@
+"""Helpers the tests share: child processes with collected output, event-style waits, the CLI.
+
+A module of its own (not conftest) so that `from support import ...` is unambiguous.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Test data from real ROS 2 installations: shared/ beside the checkout (as CI lays it out).
+TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "testdata"))
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Poll `predicate` until it returns a truthy value; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Proc:
+    """A child process whose output lines are collected as they come, to wait on them."""
+
+    def __init__(self, args: list[str], env: dict | None = None, cwd: Path = REPO) -> None:
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+        full_env.update(env or {})
+        self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=full_env, cwd=cwd, start_new_session=True)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_for_line(self, needle: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if needle in line:
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and not any(needle in l for l in self.lines)):
+                    if self.popen.poll() is not None:
+                        self._cond.wait(0.2)  # drain what the reader still holds
+                        if any(needle in l for l in self.lines):
+                            continue
+                    raise AssertionError(f"timed out waiting for {needle!r}; output so far:\n{self.output[-3000:]}")
+                self._cond.wait(min(left, 0.2))
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run `edge-llm-ros ARGS` as a separate process."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "edge_llm_ros.runtime.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=REPO, input=input)
