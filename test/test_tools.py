@@ -1,0 +1,273 @@
+"""`edge-llm-ros generate` and `bench`: tiny random model (byte-level tokenizer) for the tools'
+behaviour, one real SmolLM2 run for `generate` greedy sd == ar."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge_llm_ros.core import MODES, ModelDrafter, PromptLookupDrafter, chat_prompt, preset
+from edge_llm_ros.tools import bench, generate
+from edge_llm_ros.tools.generate import IncrementalDecoder
+from edge_llm_ros.tools.loading import ToolError, build_drafter, byte_tokenizer, hf_view, load_target
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = ["--tiny", "--threads", "1"]  # tiny kernels: a second OpenMP thread only adds contention
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_target(None, tiny=True)  # the same cached object the tools' --tiny uses
+
+
+def run_main(fn, argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = fn(argv, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+# -- incremental decoding -----------------------------------------------------------------------
+
+
+def test_incremental_decoder_never_splits_a_character():
+    tok = byte_tokenizer()
+    ids = tok("é€🤖a", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2 + 3 + 4 + 1  # UTF-8 bytes, one token each
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push(t) for t in ids] + [decoder.finish()]
+    assert [p for p in pieces if p] == ["é", "€", "🤖", "a"]  # never a half character (U+FFFD)
+
+
+def test_incremental_decoder_pieces_concatenate_to_the_full_decode():
+    tok = byte_tokenizer()
+    rng = random.Random(0)
+    special = [tok.convert_tokens_to_ids("<|im_start|>"), tok.eos_token_id]
+    for _ in range(200):
+        # valid text, random bytes (invalid UTF-8 too), and special tokens, mixed
+        text = "".join(rng.choice(["a", " ", "é", "€", "🤖", "\n", "ü"]) for _ in range(rng.randint(0, 12)))
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        ids += [rng.choice([rng.randrange(256), *special]) for _ in range(rng.randint(0, 6))]
+        if rng.random() < 0.3:
+            rng.shuffle(ids)
+        decoder = IncrementalDecoder(tok)
+        streamed = "".join(decoder.push(t) for t in ids) + decoder.finish()
+        assert streamed == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False), ids
+
+
+# -- generate -----------------------------------------------------------------------------------
+
+
+def test_generate_streams_the_same_text_in_every_greedy_mode(tiny):
+    texts = {}
+    for mode in MODES:
+        code, out, err = run_main(generate.main, ["Go to the kitchen", *TINY, "--mode", mode, "--max-new-tokens", "24"])
+        assert code == 0, err
+        assert err == ""
+        texts[mode] = out
+    assert len(set(texts.values())) == 1, texts
+    ids = generate.prompt_ids(tiny, "Go to the kitchen", raw=False)
+    assert ids == chat_prompt(tiny.tokenizer, "Go to the kitchen")
+    text, tokens, stats = generate.stream_text(tiny, "Go to the kitchen", preset("ar", max_new_tokens=24),
+                                               out=io.StringIO())
+    assert texts["ar"] == (text if text.endswith("\n") else text + "\n")
+    assert stats.new_tokens == len(tokens) <= 24
+
+
+def test_generate_stats_raw_and_sampling(tiny):
+    argv = ["robot, stop", *TINY, "--mode", "tree", "--max-new-tokens", "16", "--raw", "--stats",
+            "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]
+    code, out1, err = run_main(generate.main, argv)
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stats: mode=tree draft=shallow:1 ")
+    for field in ("tau=", "tokens/s=", "ttft=", "draft_time=", "verify_time=", "acceptance="):
+        assert field in lines[0]
+    code, out2, _ = run_main(generate.main, argv)
+    assert code == 0 and out1 == out2  # a fixed seed reproduces the sample
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["hi", "--mode", "beam"], "unknown mode 'beam'"),
+        (["hi", "--max-new-tokens", "0"], "max_new_tokens must be > 0"),
+        (["hi", "--max-new-tokens", "-3"], "max_new_tokens must be > 0"),
+        ([""], "prompt is empty"),
+        (["   "], "prompt is empty"),
+        (["x" * 400], "context window is 256"),
+        (["hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["hi", "--draft", "shallow:x"], "bad draft spec"),
+        (["hi", "--draft", "shallow:9", "--mode", "sd"], "K must be in [1, 2]"),
+        (["hi", "--model", "/no/such/model.gguf"], "model not found"),
+        (["hi", "--max-new-tokens", "many"], "invalid int value"),
+        ([], "required: prompt"),
+    ],
+)
+def test_generate_bad_input_is_one_error_line_and_exit_2(argv, message):
+    code, out, err = run_main(generate.main, [*argv, *TINY])
+    assert code == 2
+    assert out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_generate_exit_status_of_a_real_process():
+    cmd = [sys.executable, "-m", "edge_llm_ros.tools.generate", "hi", "--mode", "nope", *TINY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: unknown mode 'nope'; expected one of ar, sd, tree, llmcad"
+
+
+# -- drafters and the transformers view of the draft ---------------------------------------------
+
+
+def test_draft_specs(tiny, tmp_path):
+    assert isinstance(build_drafter("lookup", tiny).drafter, PromptLookupDrafter)
+    d = build_drafter("shallow:1:100", tiny)
+    assert isinstance(d.drafter, ModelDrafter) and d.drafter.vocab_ids.tolist() == list(range(100))
+    assert d.spec == "shallow:1:100" and len(d.drafter.model.layer_ids) == 1
+    with pytest.raises(ToolError, match="V must be"):
+        build_drafter("shallow:1:0", tiny)
+    empty = tmp_path / "trained"
+    empty.mkdir()
+    with pytest.raises(ToolError, match="cannot load draft"):
+        build_drafter(str(empty), tiny)
+
+
+def test_draft_model_directory_drafts_for_generate(tiny, tmp_path):
+    """A model directory with the target's tokenizer is an independent draft (here: the target's twin)."""
+    tiny.hf.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    texts = []
+    for mode, extra in (("ar", []), ("sd", ["--draft", str(tmp_path)])):
+        code, out, err = run_main(generate.main, ["hello", *TINY, "--mode", mode, "--max-new-tokens", "20", *extra,
+                                                  "--stats"])
+        assert code == 0, err
+        texts.append(out)
+    assert texts[0] == texts[1]
+    assert "tau=" in err and "draft=" + str(tmp_path) in err
+
+
+def test_hf_view_is_the_same_draft(tiny):
+    shallow = tiny.truncated(1)
+    view = hf_view(shallow)
+    ids = torch.tensor([chat_prompt(tiny.tokenizer, "walk forward")])
+    cache = shallow.new_cache(ids.shape[1])
+    ours = shallow.forward(ids[0], torch.arange(ids.shape[1]), None, cache)  # [T, V]
+    with torch.inference_mode():
+        theirs = view(ids).logits[0]  # [T, V]
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    assert view.model.layers[0] is tiny.hf.model.layers[0]  # shared, not copied
+    sub = hf_view(shallow, torch.arange(50))
+    with torch.inference_mode():
+        logits = sub(ids).logits[0, -1]
+    assert torch.isinf(logits[50:]).all() and torch.allclose(logits[:50], theirs[-1, :50], atol=1e-4)
+
+
+# -- bench --------------------------------------------------------------------------------------
+
+ENTRY_KEYS = {"tokens_per_s", "tau", "ttft_s", "acceptance_rate", "draft_time_s", "verify_time_s", "new_tokens",
+              "speedup_vs_hf_greedy", "speedup_vs_hf_assisted", "lossless"}
+
+
+def test_bench_quick_writes_the_report_and_prints_the_table(tmp_path):
+    path = tmp_path / "bench.json"
+    code, out, err = run_main(bench.main, ["--quick", *TINY, "--json", str(path)])
+    assert code == 0, err
+    report = json.loads(path.read_text())
+    assert list(report["modes"]) == ["ar", "sd", "tree", "llmcad", "hf_greedy", "hf_assisted"]
+    for name, entry in report["modes"].items():
+        assert ENTRY_KEYS <= set(entry), name
+        assert isinstance(entry["tokens_per_s"], float) and entry["tokens_per_s"] > 0
+        assert isinstance(entry["tau"], float) and entry["tau"] >= 1.0
+        assert isinstance(entry["new_tokens"], int) and entry["new_tokens"] > 0
+        assert entry["lossless"] is True, (name, entry["mismatches"])
+        assert entry["ttft_s"] > 0 and entry["verify_time_s"] > 0
+        assert len(entry["per_prompt"]) == 2
+    modes = report["modes"]
+    assert modes["hf_greedy"]["speedup_vs_hf_greedy"] == 1.0 and modes["hf_assisted"]["speedup_vs_hf_assisted"] == 1.0
+    assert modes["ar"]["tau"] == 1.0 and modes["hf_greedy"]["tau"] == 1.0
+    assert modes["sd"]["acceptance_rate"] is not None and 0.0 <= modes["sd"]["acceptance_rate"] <= 1.0
+    assert all(modes[m]["new_tokens"] == modes["hf_greedy"]["new_tokens"] for m in modes)
+    assert report["lossless"] is True
+    assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch_threads"] == 1
+    assert report["max_new_tokens"] == bench.QUICK_MAX_NEW_TOKENS and len(report["prompts"]) == 2
+    assert report["draft"]["spec"] == "shallow:1" and report["model"] == "tiny-random-llama" and report["date"]
+    assert "same 1-layer draft" in report["hf_assisted"]
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("mode "))
+    assert "tok/s" in header and "xhf_greedy" in header and "tau" in header
+    for name in modes:
+        assert any(line.startswith(name + " ") and line.rstrip().endswith("yes") for line in lines), name
+
+
+def test_bench_sampled_section_and_lookup_draft(tmp_path):
+    path = tmp_path / "b.json"
+    argv = ["--quick", *TINY, "--modes", "ar,sd", "--max-new-tokens", "8", "--sampled", "--draft", "lookup",
+            "--json", str(path)]
+    code, out, err = run_main(bench.main, argv)
+    assert code == 0, err
+    report = json.loads(path.read_text())
+    assert list(report["modes"]) == ["ar", "sd", "hf_greedy", "hf_assisted"]
+    sampled = report["sampled"]["modes"]
+    assert list(sampled) == ["ar", "sd", "hf_sample", "hf_assisted"]
+    assert all(e["lossless"] is None and e["tokens_per_s"] > 0 for e in sampled.values())
+    assert sampled["sd"]["config"]["temperature"] == bench.SAMPLING["temperature"]
+    assert "prompt lookup" in report["hf_assisted"] and "[sampled]" in out
+
+
+def test_bench_reports_a_lossless_failure_loudly(monkeypatch):
+    real = bench.run_engine
+
+    def corrupt_sd(target, ids, config, drafter):
+        run = real(target, ids, config, drafter)
+        if config.mode == "sd":
+            run.tokens[-1] = (run.tokens[-1] + 1) % target.vocab_size
+        return run
+
+    monkeypatch.setattr(bench, "run_engine", corrupt_sd)
+    code, out, err = run_main(bench.main, ["--quick", *TINY, "--modes", "ar,sd", "--max-new-tokens", "6"])
+    assert code == 1
+    assert "LOSSLESS FAILURE: sd differs from hf_greedy on prompt robot_short at token 5" in err
+    assert any(line.startswith("sd ") and line.rstrip().endswith("NO") for line in out.splitlines())
+    assert any(line.startswith("ar ") and line.rstrip().endswith("yes") for line in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--modes", "ar,beam"], "unknown mode 'beam'"),
+        (["--modes", ","], "--modes is empty"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be > 0"),
+        (["--json", "/no/such/folder/out.json"], "does not exist"),
+        (["--draft", "shallow:1:x"], "bad draft spec"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_bench_bad_input_is_one_error_line_and_exit_2(argv, message):
+    code, out, err = run_main(bench.main, ["--quick", *TINY, *argv])
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+# -- the real model -----------------------------------------------------------------------------
+
+
+def test_smollm2_generate_sd_prints_the_same_text_as_ar():
+    texts = {}
+    for mode in ("ar", "sd"):
+        # One thread: on a shared 2-core machine a second OpenMP thread can stall 10x behind a busy core.
+        code, out, err = run_main(generate.main, ["Name three things a robot dog can do.", "--mode", mode,
+                                                  "--max-new-tokens", "16", "--stats", "--threads", "1"])
+        assert code == 0, err
+        assert f"stats: mode={mode} " in err and "new_tokens=16 " in err
+        texts[mode] = out
+    assert texts["sd"] == texts["ar"]
+    assert len(texts["ar"].strip()) > 10  # real words, decoded
