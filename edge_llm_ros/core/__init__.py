@@ -6,6 +6,7 @@ nodes and the CLI build these objects from their parameters and call them.
 
 from .config import MODES, PRESETS, GenerationConfig, GenerationStats, preset
 from .decoding import GenerationResult, generate, generate_all, update_alpha
+from .draft_models import Draft, DraftMismatchError, build_draft, load_draft, load_drafter, save_draft
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
 from .kv_cache import KVCache
 from .models import (
@@ -27,6 +28,8 @@ __all__ = [
     "MODES",
     "PRESETS",
     "CausalLM",
+    "Draft",
+    "DraftMismatchError",
     "Drafter",
     "GenerationConfig",
     "GenerationResult",
@@ -43,12 +46,16 @@ __all__ = [
     "chat_prompt",
     "default_model_path",
     "encode",
+    "build_draft",
     "generate",
     "generate_all",
+    "load_draft",
+    "load_drafter",
     "load_model",
     "load_tokenizer",
     "make_generator",
     "preset",
+    "save_draft",
     "tiny_llama",
     "update_alpha",
     "verify",
