@@ -141,6 +141,39 @@ def test_draft_specs(tiny, tmp_path):
         build_drafter(str(empty), tiny)
 
 
+def test_trained_draft_folders_and_the_default_go_through_core(tiny, tmp_path, monkeypatch):
+    import edge_llm_ros.core as core
+
+    trained = tmp_path / "k2"
+    trained.mkdir()
+    (trained / "config.json").write_text(json.dumps({"format": "edge_llm_ros.draft/1"}))
+    twin = ModelDrafter(tiny)
+    calls = []
+
+    def load_drafter(target, path=None):
+        calls.append(path)
+        if path is None:
+            raise FileNotFoundError("no shipped draft")
+        return twin
+
+    monkeypatch.delattr(core, "default_drafter", raising=False)
+    monkeypatch.delattr(core, "load_drafter", raising=False)
+    with pytest.raises(ToolError, match="no load_drafter"):
+        build_drafter(str(trained), tiny)
+    assert "ships no trained drafts" in build_drafter(None, tiny).description
+
+    monkeypatch.setattr(core, "load_drafter", load_drafter, raising=False)
+    draft = build_drafter(str(trained), tiny)
+    assert draft.drafter is twin and calls == [trained]
+    fallback = build_drafter(None, tiny)  # nothing shipped: the untrained shallow draft, saying why
+    assert fallback.spec == "shallow:1" and "no shipped draft" in fallback.description
+
+    monkeypatch.setattr(core, "load_drafter", lambda target, path=None: twin, raising=False)
+    assert build_drafter(None, tiny).spec == "trained"
+    monkeypatch.setattr(core, "default_drafter", lambda target: twin, raising=False)
+    assert build_drafter(None, tiny).spec == "default"
+
+
 def test_draft_model_directory_drafts_for_generate(tiny, tmp_path):
     """A model directory with the target's tokenizer is an independent draft (here: the target's twin)."""
     tiny.hf.save_pretrained(tmp_path)

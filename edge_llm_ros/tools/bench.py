@@ -46,6 +46,7 @@ from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
 HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
 QUICK_MAX_NEW_TOKENS = 32
+BUSY_CORES = 0.25  # other processes using this much CPU during a run make its timings unreliable
 WARMUP_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
@@ -318,9 +319,10 @@ def run_bench(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' deprecation chatter inside assisted generation
     report: dict[str, Any] = {}
+    share = CpuShare()
     try:
-        with tqdm(total=len(prompts) * runners_per_section * len(sections), desc="bench", unit="run",
-                  file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+        with share, tqdm(total=len(prompts) * runners_per_section * len(sections), desc="bench", unit="run",
+                         file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
             for key, sampling in sections:
                 section = run_section(target, draft, assist, prompts, prompt_ids, list(modes), max_new_tokens,
                                       sampling, bar)
@@ -340,6 +342,7 @@ def run_bench(
             "transformers": _version("transformers"),
             "load_average_before": list(load_before),
             "load_average_after": list(os.getloadavg()),
+            "other_processes_cores": share.cores,  # CPU other processes used meanwhile, in cores
         },
         model=model_name or getattr(target.config, "_name_or_path", "") or type(target.hf).__name__,
         model_layers=len(target.layer_ids),
@@ -357,6 +360,31 @@ def run_bench(
         ],
     )
     return report
+
+
+class CpuShare:
+    """CPU time other processes used during a run, in cores (Linux /proc/stat; None elsewhere)."""
+
+    def __enter__(self) -> CpuShare:
+        self.cores = None
+        self._start = (self._busy_s(), time.process_time(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy0, own0, wall0 = self._start
+        busy1 = self._busy_s()
+        wall = time.perf_counter() - wall0
+        if busy0 is not None and busy1 is not None and wall > 0:
+            self.cores = max(0.0, (busy1 - busy0) - (time.process_time() - own0)) / wall
+
+    @staticmethod
+    def _busy_s() -> float | None:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _version(module: str) -> str:
@@ -384,7 +412,7 @@ def format_table(report: dict) -> str:
         f"model {report['model']}  draft {report['draft']['spec'] if report['draft'] else '-'}  "
         f"max_new_tokens {report['max_new_tokens']}  prompts {len(report['prompts'])}  "
         f"cpus {m['cpu_count']}  torch threads {m['torch_threads']}  "
-        f"load avg {m['load_average_before'][0]:.1f} -> {m['load_average_after'][0]:.1f}"
+        f"other processes {_fmt(m['other_processes_cores'], '.2f')} cores"
     )
     header = (f"{'mode':<12}{'tok/s':>8}{'x' + '{base}':>12}{'xhf_assist':>11}{'tau':>7}{'accept':>8}"
               f"{'ttft_ms':>9}{'draft_s':>9}{'verify_s':>9}{'other_s':>9}{'tokens':>8}  lossless")
@@ -408,6 +436,15 @@ def format_table(report: dict) -> str:
         lines.append("")
         lines.append(f"hf_assisted: {report['hf_assisted']}")
     return "\n".join(lines)
+
+
+def busy_warning(machine: dict) -> str | None:
+    """Other processes held the cores: torch's OpenMP threads then stall behind them, unevenly."""
+    others = machine.get("other_processes_cores")
+    if others is None or others < BUSY_CORES:
+        return None
+    return (f"other processes kept {others:.1f} of {machine['cpu_count']} cores busy during the run: timings are "
+            "unreliable; rerun on an idle machine (--threads 1 is steadier on a shared one)")
 
 
 def lossless_failures(report: dict) -> list[str]:
@@ -474,6 +511,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return EXIT_USAGE
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
+    busy = busy_warning(report["machine"])
+    if busy:
+        report["notes"].append(busy)
+        print(f"warning: {busy}", file=err, flush=True)
     print(format_table(report), file=out, flush=True)
     if args.json is not None:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -8,11 +8,13 @@ Draft specs (``--draft SPEC``):
                      the draft head to token ids [0, V) (byte-level BPE ids are roughly
                      frequency ranked; the verifier always uses the full vocabulary)
     lookup           prompt lookup (n-gram), training-free
-    PATH             a draft model: a directory with config.json or a .gguf file, loaded
-                     as an independent causal LM with the target's tokenizer
+    PATH             a trained draft folder (``edge-llm-ros train draft``, loaded by core's
+                     ``load_drafter``), or a draft model: a directory with an HF config.json
+                     or a .gguf file, loaded as an independent causal LM with the target's
+                     tokenizer
 
-With no spec, core's ``default_drafter(target)`` is used if core offers one, else
-``shallow`` with :func:`default_shallow_layers`. Only ``edge_llm_ros.core`` is imported
+With no spec: :func:`default_draft` (core's default or shipped trained draft, else
+``shallow`` with :func:`default_shallow_layers`). Only ``edge_llm_ros.core`` is imported
 from the package; no ROS anywhere.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,38 +144,84 @@ def check_draft_spec(spec: str | None) -> None:
 
 
 def build_drafter(spec: str | None, target: TorchCausalLM) -> Draft:
-    """The drafter named by ``spec`` (see the module docstring)."""
+    """The drafter named by ``spec`` (see the module docstring); None: :func:`default_draft`."""
     if spec is None:
-        default = getattr(core, "default_drafter", None)
-        if default is not None:
-            drafter = default(target)
-            return Draft("default", drafter, f"core default ({type(drafter).__name__})")
-        spec = f"shallow:{default_shallow_layers(target)}"
+        return default_draft(target)
     check_draft_spec(spec)
     if spec == "lookup":
         drafter = PromptLookupDrafter()
         return Draft(spec, drafter, f"prompt lookup (n-gram {drafter.min_ngram}..{drafter.max_ngram})")
     if spec.split(":")[0] == "shallow":
-        k, v = parse_shallow(spec, target)
-        vocab_ids = None if v is None else torch.arange(v)
-        drafter = ModelDrafter(target.truncated(k), vocab_ids=vocab_ids)
-        head = "full head" if v is None else f"head over token ids [0, {v})"
-        n = len(target.layer_ids)
-        return Draft(f"shallow:{k}" + ("" if v is None else f":{v}"), drafter, f"target layers 0..{k - 1} of {n}, {head}")
+        return shallow_draft(spec, target)
     return load_draft_path(Path(spec), target)
 
 
-def load_draft_path(path: Path, target: TorchCausalLM) -> Draft:
+def shallow_draft(spec: str, target: TorchCausalLM) -> Draft:
+    k, v = parse_shallow(spec, target)
+    vocab_ids = None if v is None else torch.arange(v)
+    drafter = ModelDrafter(target.truncated(k), vocab_ids=vocab_ids)
+    head = "full head" if v is None else f"head over token ids [0, {v})"
+    n = len(target.layer_ids)
+    return Draft(f"shallow:{k}" + ("" if v is None else f":{v}"), drafter,
+                 f"target layers 0..{k - 1} of {n}, {head}, untrained")
+
+
+def default_draft(target: TorchCausalLM) -> Draft:
+    """Core's best drafter for ``target``: ``core.default_drafter(target)`` if core has one;
+    else the shipped trained draft (``core.load_drafter(target)``) if it fits this target;
+    else ``shallow`` with :func:`default_shallow_layers` (untrained)."""
+    default = getattr(core, "default_drafter", None)
+    if default is not None:
+        drafter = default(target)
+        return Draft("default", drafter, f"core default ({describe(drafter)})")
     loader = getattr(core, "load_drafter", None)
+    reason = "this core ships no trained drafts"
     if loader is not None:
-        drafter = loader(path, target)
-        return Draft(str(path), drafter, f"trained draft {path} ({type(drafter).__name__})")
+        try:
+            drafter = loader(target)
+            return Draft("trained", drafter, f"shipped trained draft ({describe(drafter)})")
+        except (OSError, ValueError) as exc:  # none shipped, or made for another target
+            reason = f"no shipped trained draft fits: {' '.join(str(exc).split())}"
+    draft = shallow_draft(f"shallow:{default_shallow_layers(target)}", target)
+    draft.description += f" ({reason})"
+    return draft
+
+
+def describe(drafter) -> str:
+    model = getattr(drafter, "model", None)
+    layers = f", {len(model.layer_ids)} layers" if isinstance(model, TorchCausalLM) else ""
+    vocab = getattr(drafter, "vocab_ids", None)
+    head = f", head over {len(vocab)} token ids" if vocab is not None else ""
+    return f"{type(drafter).__name__}{layers}{head}"
+
+
+def is_trained_draft(path: Path) -> bool:
+    """A folder written by ``edge-llm-ros train draft`` (config.json with an edge_llm_ros.draft format)."""
+    config = path / "config.json"
+    if not (path.is_dir() and config.is_file()):
+        return False
+    try:
+        return str(json.loads(config.read_text()).get("format", "")).startswith("edge_llm_ros.draft")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def load_draft_path(path: Path, target: TorchCausalLM) -> Draft:
+    """A trained draft folder (through core's ``load_drafter``), or an independent HF model / GGUF."""
+    if is_trained_draft(path):
+        loader = getattr(core, "load_drafter", None)
+        if loader is None:
+            raise ToolError(f"cannot load draft {path}: it is a trained draft, and this edge_llm_ros.core has no "
+                            "load_drafter() to load trained drafts yet")
+        try:
+            drafter = loader(target, path)
+        except (OSError, ValueError) as exc:
+            raise ToolError(f"cannot load draft {path}: {' '.join(str(exc).split())}") from exc
+        return Draft(str(path), drafter, f"trained draft {path.name} ({describe(drafter)})")
     is_model = path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists())
     if not is_model:
-        raise ToolError(
-            f"cannot load draft {path}: it is not a model directory (config.json) or .gguf file, and this "
-            "edge_llm_ros.core has no load_drafter() for trained drafts yet"
-        )
+        raise ToolError(f"cannot load draft {path}: not a trained draft folder, a model folder (config.json) "
+                        "or a .gguf file")
     try:
         model = load_model(path)
     except (OSError, ValueError) as exc:
