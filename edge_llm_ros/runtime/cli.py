@@ -91,6 +91,8 @@ class Session:
             time.sleep(0.1)
 
     def close(self) -> None:
+        if any(isinstance(e, self.rt.Publisher) for e in self.node._entities):
+            time.sleep(0.2)  # Zenoh has no flush call: let the last samples leave before the session closes
         self.node.destroy_node()
         self.rt.shutdown()
 
@@ -155,7 +157,6 @@ def cmd_topic_pub(args: argparse.Namespace, s: Session) -> int:
         if times and sent >= times:
             break
         stop.wait(1.0 / args.rate)
-    time.sleep(0.2)  # let Zenoh flush the last sample before the session closes
     return EXIT_OK
 
 
@@ -368,7 +369,6 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
         publishers[topic].publish_raw(data)
 
     count = bag.play(reader, publish, rate=args.rate, topics=set(publishers), loop=args.loop, stop=stop)
-    time.sleep(0.2)  # let Zenoh flush the last samples before the session closes
     print(f"[INFO] [bag play]: published {count} messages", file=sys.stderr, flush=True)
     return EXIT_OK
 
