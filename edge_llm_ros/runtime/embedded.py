@@ -649,7 +649,21 @@ class Node:
 
     # graph
     def graph(self, timeout: float = 2.0) -> list[graph.GraphEntry]:
-        """All liveliness tokens currently in the system, parsed."""
+        """All liveliness tokens currently in the system, parsed.
+
+        A snapshot taken right after this session joined can miss what the
+        router has not yet told it; the snapshot counts as complete once it
+        shows this node's own token (retried until `timeout`).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            entries = self._graph_snapshot(timeout)
+            own = any(e.kind == "NN" and e.zid == self.context.zid and e.node_name == self._name for e in entries)
+            if own or time.monotonic() >= deadline:
+                return entries
+            time.sleep(0.05)
+
+    def _graph_snapshot(self, timeout: float) -> list[graph.GraphEntry]:
         entries = []
         for reply in self.context.session.liveliness().get(f"{graph.ADMIN_SPACE}/{self.context.domain_id}/**", timeout=timeout):
             if reply.ok is not None:
