@@ -651,15 +651,14 @@ class Node:
     def graph(self, timeout: float = 2.0) -> list[graph.GraphEntry]:
         """All liveliness tokens currently in the system, parsed.
 
-        A snapshot taken right after this session joined can miss what the
-        router has not yet told it; the snapshot counts as complete once it
-        shows this node's own token (retried until `timeout`).
+        A snapshot taken right after this session joined can hold only its
+        own (local) tokens; it is retried until it shows another session's
+        token, or until `timeout` (an otherwise empty system).
         """
         deadline = time.monotonic() + timeout
         while True:
             entries = self._graph_snapshot(timeout)
-            own = any(e.kind == "NN" and e.zid == self.context.zid and e.node_name == self._name for e in entries)
-            if own or time.monotonic() >= deadline:
+            if any(e.zid != self.context.zid for e in entries) or time.monotonic() >= deadline:
                 return entries
             time.sleep(0.05)
 
