@@ -14,6 +14,10 @@ it imports, the embedded backend otherwise. Both give the same Node methods
 (rclpy's names and signatures), `message/service/action(name)` for types,
 `ActionServer`/`ActionClient`, and `spin`, `spin_until_future_complete`,
 `init`, `shutdown`, `ok`.
+
+`shaped(node, publisher)` puts a publisher on the emulated link its node's
+`link_emulation` parameters give its topic (link.py); the embedded backend
+does that for every publisher by itself, so the call matters under rclpy.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
     from rclpy.node import Node
     from rclpy.qos import QoSProfile
     from rclpy.task import Future
+
+    from .link import rclpy_shaped as shaped
 
     init, shutdown, ok, spin, spin_once = rclpy.init, rclpy.shutdown, rclpy.ok, rclpy.spin, rclpy.spin_once
     spin_until_future_complete = rclpy.spin_until_future_complete
@@ -75,6 +81,7 @@ else:
         ServiceTimeoutError,
         init,
         ok,
+        shaped,
         shutdown,
         spin,
         spin_once,
@@ -95,6 +102,6 @@ else:
 
 __all__ = [
     "BACKEND", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "Node",
-    "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shutdown", "spin",
+    "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shaped", "shutdown", "spin",
     "spin_once", "spin_until_future_complete",
 ]

@@ -11,7 +11,11 @@ nodes depend on them:
   than the subscription's, is logged as an error naming topic and type and is
   dropped; the node keeps serving;
 - a client call to a server that is gone fails with ServiceTimeoutError after
-  its timeout, never hangs.
+  its timeout, never hangs;
+- a node whose `link_emulation` parameters put a topic on an emulated link
+  (link.py) publishes on that topic through the link: every publisher of the
+  node on that topic, action feedback/status topics included. Service
+  requests and replies (and so action goals, results, cancels) are not shaped.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import zenoh
 
 from . import graph
 from .interfaces import InterfaceError, registry
+from .link import Link, NodeLinks, parse_link_params
 from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
 
 ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
@@ -361,11 +366,14 @@ class _Endpoint:
 
 
 class Publisher(_Endpoint):
-    def __init__(self, node: Node, ros_type: str, topic: str, qos: QoSProfile) -> None:
+    """With a `link`, each message leaves through that emulated link (stamped when published, put on arrival)."""
+
+    def __init__(self, node: Node, ros_type: str, topic: str, qos: QoSProfile, link: Link | None = None) -> None:
         super().__init__(node, graph.EntityKind.PUBLISHER, topic, ros_type, qos)
         congestion = zenoh.CongestionControl.BLOCK if qos.reliable else zenoh.CongestionControl.DROP
         self._pub = node.context.session.declare_publisher(self.key, congestion_control=congestion)
         self.topic_name = topic
+        self.link = link
         self._announce()
 
     def wait_for_subscribers(self, timeout_sec: float) -> bool:
@@ -384,7 +392,11 @@ class Publisher(_Endpoint):
 
     def publish_raw(self, data: bytes) -> None:
         """Publish already-serialized CDR bytes (bag playback)."""
-        self._pub.put(data, attachment=self.attachment())
+        attachment = self.attachment()
+        if self.link is None:
+            self._pub.put(data, attachment=attachment)
+        else:
+            self.link.send(data, len(data), lambda payload: self._pub.put(payload, attachment=attachment))
 
     def get_subscription_count(self) -> int:
         return sum(1 for e in self.node.graph() if e.kind == "MS" and e.name == self.topic_name)
@@ -575,6 +587,10 @@ class Node:
         self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
         self._overrides.update(parameter_overrides or {})
         self._parameters: dict[str, Parameter] = {}
+        self._links = NodeLinks(parse_link_params(self._overrides), self.resolve, self._logger)
+        for name, value in self._overrides.items():
+            if name.startswith("link_emulation."):
+                self._parameters[name] = Parameter(name, value)
         self.entity = graph.NodeEntity(
             domain_id=self.context.domain_id, session_id=self.context.zid, node_id=self.context.next_id(),
             node_name=self._name, namespace=self._namespace,
@@ -632,7 +648,8 @@ class Node:
 
     def create_publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Publisher:
         name = registry().check_message(type_name_of(msg_type))
-        return self._keep(Publisher(self, name, self.resolve(topic), _qos(qos)))
+        resolved = self.resolve(topic)
+        return self._keep(Publisher(self, name, resolved, _qos(qos), link=self._links.get(resolved)))
 
     def create_subscription(self, msg_type: Any, topic: str, callback: Callable, qos: Any = 10, *, raw: bool = False) -> Subscription:
         name = registry().check_message(type_name_of(msg_type))
@@ -689,6 +706,7 @@ class Node:
         return sum(1 for e in self.graph() if e.kind == "MS" and e.name == topic)
 
     def destroy_node(self) -> None:
+        self._links.close()  # first: no delivery may reach an undeclared publisher
         for entity in reversed(self._entities):
             try:
                 entity.destroy()
@@ -701,6 +719,14 @@ class Node:
             pass
 
 
+def shaped(node: Node, publisher: Publisher, topic: str | None = None) -> Publisher:
+    """runtime.shaped(): the publisher itself; this backend already routes configured topics through their link.
+
+    Nodes call it so that the same line shapes their publisher under rclpy.
+    """
+    return publisher
+
+
 def _names_and_types(entries: Any) -> list[tuple[str, list[str]]]:
     found: dict[str, set[str]] = {}
     for e in entries:
@@ -711,5 +737,5 @@ def _names_and_types(entries: Any) -> list[tuple[str, list[str]]]:
 __all__ = [
     "ActionClass", "Client", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError", "ParamsError",
     "Publisher", "QoSProfile", "Service", "ServiceClass", "ServiceTimeoutError", "Subscription", "Timer",
-    "get_context", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
+    "get_context", "shaped", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
 ]
