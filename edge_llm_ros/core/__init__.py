@@ -8,6 +8,18 @@ from .config import MODES, PRESETS, GenerationConfig, GenerationStats, preset
 from .decoding import GenerationResult, generate, generate_all, update_alpha
 from .draft_models import Draft, DraftMismatchError, build_draft, load_draft, load_drafter, save_draft
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
+from .exits import (
+    ExitAdapter,
+    ExitDrafter,
+    ExitSet,
+    build_exits,
+    default_exits_path,
+    exit_confidence,
+    load_exit_drafter,
+    load_exits,
+    save_exits,
+)
+from .heads import FeatureDrafter, build_heads
 from .kv_cache import KVCache
 from .models import (
     CausalLM,
@@ -31,6 +43,10 @@ __all__ = [
     "Draft",
     "DraftMismatchError",
     "Drafter",
+    "ExitAdapter",
+    "ExitDrafter",
+    "ExitSet",
+    "FeatureDrafter",
     "GenerationConfig",
     "GenerationResult",
     "GenerationStats",
@@ -47,15 +63,22 @@ __all__ = [
     "default_model_path",
     "encode",
     "build_draft",
+    "build_exits",
+    "build_heads",
+    "default_exits_path",
+    "exit_confidence",
     "generate",
     "generate_all",
     "load_draft",
     "load_drafter",
+    "load_exit_drafter",
+    "load_exits",
     "load_model",
     "load_tokenizer",
     "make_generator",
     "preset",
     "save_draft",
+    "save_exits",
     "tiny_llama",
     "update_alpha",
     "verify",

@@ -15,7 +15,7 @@ Knows nothing about ROS.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -28,6 +28,9 @@ from .models import CausalLM
 from .sampling import Sampler, make_generator
 from .tree import TokenTree, Verification
 from .verifier import verify
+
+
+Observer = Callable[[int, torch.Tensor], None]  # (first context index, target features [T, E])
 
 
 @dataclass
@@ -53,6 +56,9 @@ def check_drafter(target: CausalLM, drafter: Drafter) -> None:
     ours, theirs = target.tokenizer, getattr(drafter, "tokenizer", None)
     if ours is not None and theirs is not None and ours is not theirs and ours.get_vocab() != theirs.get_vocab():
         raise ValueError("draft tokenizer differs from the target's (different vocabularies)")
+    if observer(drafter) is not None and not getattr(target, "provides_features", False):
+        raise ValueError(f"{type(drafter).__name__} drafts from the target's hidden states, which this target "
+                         f"({type(target).__name__}) does not expose; use a torch target")
 
 
 def check_request(
@@ -106,10 +112,18 @@ class StopStrings:
 # -- the steps ----------------------------------------------------------------------------------
 
 
-def prefill(target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
-    """Cache every prompt token but the last; the last is the first round's root."""
+def prefill(target: CausalLM, cache: KVCache, prompt: list[int], observe: Observer | None = None) -> None:
+    """Cache every prompt token but the last; the last is the first round's root.
+
+    ``observe`` (a drafter's, see :func:`observer`) receives the target's features of those tokens.
+    """
     if len(prompt) > 1:
-        target.forward(torch.tensor(prompt[:-1]), torch.arange(len(prompt) - 1), None, cache, logits_rows=None)
+        ids, positions = torch.tensor(prompt[:-1]), torch.arange(len(prompt) - 1)
+        if observe is None:
+            target.forward(ids, positions, None, cache, logits_rows=None)
+        else:
+            _, hidden = target.forward(ids, positions, None, cache, logits_rows=None, return_hidden=True)
+            observe(0, hidden)
 
 
 def draft_step(
@@ -121,19 +135,37 @@ def draft_step(
     return drafter.propose(context, spec, sampler)
 
 
-def verify_step(target: CausalLM, cache: KVCache, tree: TokenTree, sampler: Sampler) -> Verification:
+def verify_step(
+    target: CausalLM, cache: KVCache, tree: TokenTree, sampler: Sampler, observe: Observer | None = None
+) -> Verification:
     """Non-autoregressive tree verification (LLMCad §3.2) in one target pass, then prune the cache.
 
     Rows are the root and the N drafted nodes at positions prefix_len + depth;
     the tree mask lets each row see the cached prefix and its ancestors only.
-    Afterwards the cache keeps the prefix, the root and the accepted path, compacted.
+    Afterwards the cache keeps the prefix, the root and the accepted path, compacted,
+    and ``observe`` receives the target's features of the root and the accepted path.
     """
     prefix_len = cache.length
     mask = tree.attention_mask(prefix_len) if len(tree) else None
-    logits = target.forward(torch.tensor(tree.tokens), tree.position_ids(prefix_len), mask, cache)  # [N+1, V]
+    ids, positions = torch.tensor(tree.tokens), tree.position_ids(prefix_len)
+    if observe is None:
+        logits = target.forward(ids, positions, mask, cache)  # [N+1, V]
+    else:
+        logits, hidden = target.forward(ids, positions, mask, cache, return_hidden=True)
     result = verify(tree, logits, sampler)
-    cache.keep(list(range(prefix_len + 1)) + [prefix_len + node for node in result.path])
+    kept = [0] + result.path
+    cache.keep(list(range(prefix_len)) + [prefix_len + node for node in kept])
+    if observe is not None:
+        observe(prefix_len, hidden[kept])
     return result
+
+
+def observer(drafter: Drafter | None) -> Observer | None:
+    """The drafter's ``observe(start, features)`` if it drafts from the target's features (EAGLE
+    style heads): features [T, E] of context tokens start..start+T-1, after prefill and after
+    every verification. Such drafters cannot pre-draft during verification (the features of
+    the guessed path do not exist yet)."""
+    return getattr(drafter, "observe", None)
 
 
 def update_alpha(alpha: float, tree: TokenTree, result: Verification) -> float:
@@ -252,14 +284,15 @@ def _stream(
     limit = min(config.max_new_tokens, window - len(prompt))
     spec_width = config.tree_width if config.mode in ("tree", "llmcad") else config.gamma
     cache = target.new_cache(len(prompt) + limit + spec_width + 2)
-    overlap = config.mode == "llmcad" and config.overlap_drafting and drafter is not None
+    observe = observer(drafter)
+    overlap = config.mode == "llmcad" and config.overlap_drafting and drafter is not None and observe is None
     pool = draft_worker() if overlap else None
     context, generated, alpha = list(prompt), [], config.alpha
     ahead: tuple[list[int], TokenTree] | None = None  # the tree pre-drafted during the last verification
     future: Future | None = None
     try:
         with torch.inference_mode():
-            prefill(target, cache, prompt)
+            prefill(target, cache, prompt, observe)
         while True:
             spec = config.tree_spec(alpha)
             room = min(limit - len(generated), window - len(context))
@@ -276,7 +309,7 @@ def _stream(
             if pool is not None and len(tree):
                 future = pool.submit(predraft, drafter, context, tree, spec, draft_sampler)
             with torch.inference_mode():
-                result = verify_step(target, cache, tree, target_sampler)
+                result = verify_step(target, cache, tree, target_sampler, observe)
             t2 = time.perf_counter()
             ahead = None
             if future is not None:

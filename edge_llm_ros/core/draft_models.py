@@ -13,7 +13,8 @@ On disk, a directory:
     config.json         format, K, the target layers it started from, the model config,
                         the target's identity (model type, vocab size, hidden size,
                         sha256 of the tokenizer's token->id table), training metadata
-    model.safetensors   "layers.<k>.<param>" and "norm.weight" in fp16, "vocab_ids" (int32)
+    model.safetensors   "layers.<k>.<param>" and "norm.weight" in fp16, "vocab_ids" (int32),
+                        and "fc.*" for a feature head (kind "heads", see heads.py)
 
 Loading refuses a target whose identity differs, naming what differs.
 """
@@ -53,12 +54,21 @@ class Draft:
     vocab_ids: torch.Tensor | None = None
     training: dict = field(default_factory=dict)
     name: str = "draft"
+    fc: torch.nn.Linear | None = None  # set for a feature head (EAGLE style, see heads.py)
 
     @property
     def num_layers(self) -> int:
         return len(self.init_layers)
 
+    @property
+    def kind(self) -> str:
+        return "draft" if self.fc is None else "heads"
+
     def drafter(self) -> ModelDrafter:
+        if self.fc is not None:
+            from .heads import FeatureDrafter
+
+            return FeatureDrafter(self)
         return ModelDrafter(self.model, self.vocab_ids)
 
 
@@ -126,6 +136,8 @@ def own_state_dict(draft: Draft) -> dict[str, torch.Tensor]:
     inner = draft.model.hf.model
     state = {f"layers.{k}": v for k, v in inner.layers.state_dict().items()}
     state.update({f"norm.{k}": v for k, v in inner.norm.state_dict().items()})
+    if draft.fc is not None:
+        state.update({f"fc.{k}": v for k, v in draft.fc.state_dict().items()})
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}
     if draft.vocab_ids is not None:
         state["vocab_ids"] = draft.vocab_ids.to(torch.int32).contiguous()
@@ -141,6 +153,7 @@ def save_draft(draft: Draft, path: str | os.PathLike, target: TorchCausalLM) -> 
     model_config = {k: v for k, v in draft.model.hf.config.to_dict().items() if k not in _DROP_CONFIG}
     config = {
         "format": DRAFT_FORMAT,
+        "kind": draft.kind,
         "name": draft.name,
         "num_layers": draft.num_layers,
         "init_layers": list(draft.init_layers),
@@ -197,7 +210,16 @@ def load_draft(target: TorchCausalLM, path: str | os.PathLike | None = None) -> 
         if vocab_ids.numel() and (int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target.vocab_size):
             raise ValueError(f"draft {folder}: vocab_ids outside [0, {target.vocab_size})")
     inner = model.hf.model
+    fc = None
+    if config.get("kind", "draft") == "heads":
+        from .heads import new_fc
+
+        fc = new_fc(target.config.hidden_size, target.dtype).to(target.device)
+    elif config.get("kind", "draft") != "draft":
+        raise ValueError(f"draft {folder}: unknown kind {config.get('kind')!r}, expected 'draft' or 'heads'")
     expected = {f"layers.{k}" for k in inner.layers.state_dict()} | {f"norm.{k}" for k in inner.norm.state_dict()}
+    if fc is not None:
+        expected |= {f"fc.{k}" for k in fc.state_dict()}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         raise ValueError(
@@ -206,12 +228,15 @@ def load_draft(target: TorchCausalLM, path: str | os.PathLike | None = None) -> 
     with torch.no_grad():
         inner.layers.load_state_dict({k[len("layers.") :]: v for k, v in state.items() if k.startswith("layers.")})
         inner.norm.load_state_dict({k[len("norm.") :]: v for k, v in state.items() if k.startswith("norm.")})
+        if fc is not None:
+            fc.load_state_dict({k[len("fc.") :]: v for k, v in state.items() if k.startswith("fc.")})
     training = config.get("training", {})
-    return Draft(model, list(config["init_layers"]), vocab_ids, training, config.get("name", folder.name))
+    return Draft(model, list(config["init_layers"]), vocab_ids, training, config.get("name", folder.name), fc)
 
 
 def load_drafter(target: TorchCausalLM, path: str | os.PathLike | None = None) -> ModelDrafter:
-    """A :class:`ModelDrafter` over the draft in ``path`` (None: the shipped default for SmolLM2)."""
+    """The drafter of the draft in ``path`` (None: the shipped default for SmolLM2): a
+    :class:`ModelDrafter`, or a :class:`~.heads.FeatureDrafter` for a feature head."""
     return load_draft(target, path).drafter()
 
 

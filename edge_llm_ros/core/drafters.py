@@ -13,7 +13,8 @@ Contract (two methods, like transformers' CandidateGenerator):
 A drafter owns its state (e.g. its KV cache) and re-synchronises it from
 ``context`` on every ``propose``, so callers never roll it back explicitly.
 Drafters here: :class:`ModelDrafter` (an independent small causal LM with the
-target's tokenizer, or a shallow view of the target) and
+target's tokenizer, or a shallow view of the target, optionally through an
+early-exit adapter: :class:`~edge_llm_ros.core.exits.ExitDrafter`) and
 :class:`PromptLookupDrafter` (n-gram lookup, training-free). Early-exit and
 Medusa/EAGLE heads plug in behind the same two methods. Knows nothing about ROS.
 """
@@ -21,6 +22,7 @@ Medusa/EAGLE heads plug in behind the same two methods. Knows nothing about ROS.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -59,6 +61,24 @@ class TreeSpec:
         return TreeSpec(depth, self.branch, self.expand, self.width, self.min_branch_prob, self.stop_below)
 
 
+def draft_children(logits: torch.Tensor, spec: TreeSpec, sampler: Sampler):
+    """(tokens, their draft log-probs, the proposal q or None) for one expanded node."""
+    if sampler.greedy:
+        probs = logits.float().softmax(-1)
+        tokens, proposal = torch.topk(probs, min(spec.branch, probs.shape[-1])).indices.tolist(), None
+    else:
+        probs = sampler.probs(logits)
+        tokens, proposal = sampler.draw_distinct(probs, spec.branch), probs
+    # Extra branches need min_branch_prob; stop at the first miss so that sampled
+    # children stay a prefix of their draw order (see TokenTree.select).
+    kept = tokens[:1]
+    for t in tokens[1:]:
+        if float(probs[t]) < spec.min_branch_prob:
+            break
+        kept.append(t)
+    return kept, [math.log(max(float(probs[t]), 1e-30)) for t in kept], proposal
+
+
 @runtime_checkable
 class Drafter(Protocol):
     vocab_size: int | None
@@ -77,11 +97,19 @@ class ModelDrafter:
     ``spec.branch`` tokens (greedy) or drawn without replacement from the
     warped draft distribution q (sampling). ``vocab_ids`` restricts the draft
     head to a subset of the vocabulary (cheaper head; still exact, since q is
-    then zero outside the subset and the verifier uses q as it is).
+    then zero outside the subset and the verifier uses q as it is). ``adapter``
+    maps the last layer's hidden states [B, T, E] before the final norm and head
+    (an early-exit adapter, see :mod:`.exits`); it must be stateless per position.
     """
 
-    def __init__(self, model: TorchCausalLM, vocab_ids: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model: TorchCausalLM,
+        vocab_ids: torch.Tensor | None = None,
+        adapter: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.model = model
+        self.adapter = adapter
         self.vocab_size = model.vocab_size
         self.tokenizer = model.tokenizer
         self.max_context = model.max_context
@@ -101,12 +129,18 @@ class ModelDrafter:
         ids = torch.tensor([token_ids])
         with torch.inference_mode():
             hidden, _ = self.model.run_layers(self.model.embed(ids), positions, mask, self.cache)
-            if self.vocab_ids is None:
-                return self.model.head(hidden)[0]
-            sub = torch.nn.functional.linear(self.model.norm(hidden[0]), self._head_weight)  # [T, V_sub]
-            full = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype)
-            full[:, self.vocab_ids] = sub
-            return full
+            if self.adapter is not None:
+                hidden = self.adapter(hidden)
+            return self._head(hidden)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + head over [1, T, E] -> logits [T, V] (-inf outside ``vocab_ids``)."""
+        if self.vocab_ids is None:
+            return self.model.head(hidden)[0]
+        sub = torch.nn.functional.linear(self.model.norm(hidden[0]), self._head_weight)  # [T, V_sub]
+        full = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype)
+        full[:, self.vocab_ids] = sub
+        return full
 
     def _reuse_last_tree(self, context: list[int]) -> None:
         """Keep the last tree's fed nodes that ``context`` went on to accept; drop the rest."""
@@ -138,25 +172,14 @@ class ModelDrafter:
         self.cached = list(context)
         return logits[-1]
 
-    def _children(self, logits: torch.Tensor, spec: TreeSpec, sampler: Sampler):
-        """(tokens, their draft log-probs, the proposal q or None) for one expanded node."""
-        if sampler.greedy:
-            probs = logits.float().softmax(-1)
-            tokens, proposal = torch.topk(probs, min(spec.branch, probs.shape[-1])).indices.tolist(), None
-        else:
-            probs = sampler.probs(logits)
-            tokens, proposal = sampler.draw_distinct(probs, spec.branch), probs
-        # Extra branches need min_branch_prob; stop at the first miss so that sampled
-        # children stay a prefix of their draw order (see TokenTree.select).
-        kept = tokens[:1]
-        for t in tokens[1:]:
-            if float(probs[t]) < spec.min_branch_prob:
-                break
-            kept.append(t)
-        return kept, [math.log(max(float(probs[t]), 1e-30)) for t in kept], proposal
-
     def _feed(self, tree: TokenTree, nodes: list[int], root_slot: int) -> torch.Tensor:
         """Tree-decode ``nodes`` in one pass: each row sees the context and its own ancestors."""
+        mask, positions = self._tree_rows(tree, nodes, root_slot)
+        return self._logits([tree.tokens[n] for n in nodes], positions, mask)
+
+    def _tree_rows(self, tree: TokenTree, nodes: list[int], root_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Give ``nodes`` the next cache slots; their mask (context up to ``root_slot`` + own ancestors)
+        and position ids (``root_slot`` + depth)."""
         start = self.cache.length
         self.cache.ensure_capacity(start + len(nodes))
         mask = torch.full((len(nodes), start + len(nodes)), float("-inf"))
@@ -167,7 +190,7 @@ class ModelDrafter:
             mask[row, start + row] = 0.0
             self._slots[node] = start + row
         positions = torch.tensor([root_slot + tree.depths[n] for n in nodes])
-        return self._logits([tree.tokens[n] for n in nodes], positions, mask)
+        return mask, positions
 
     # -- the interface --------------------------------------------------------------------------
 
@@ -180,7 +203,7 @@ class ModelDrafter:
         for level in range(1, spec.depth + 1):
             new_nodes = []
             for node, logits in frontier:
-                tokens, logps, proposal = self._children(logits, spec, sampler)
+                tokens, logps, proposal = draft_children(logits, spec, sampler)
                 tree.proposals[node] = proposal
                 new_nodes += [tree.add(node, t, lp) for t, lp in zip(tokens, logps)]
             # LLMCad §3.3: fall back to verification once T_c = max_i C_i < α.

@@ -91,6 +91,8 @@ class TorchCausalLM:
     ``transposed_head`` keeps a transposed copy of the LM head for fast decode steps.
     """
 
+    provides_features = True  # forward(..., return_hidden=True) works (EAGLE-style drafters need it)
+
     def __init__(
         self,
         hf_model: torch.nn.Module,
@@ -261,15 +263,20 @@ class TorchCausalLM:
         mask: torch.Tensor | None,
         cache: KVCache,
         logits_rows: slice | None = slice(None),
-    ) -> torch.Tensor | None:
-        """token_ids [T] or [B, T] -> logits [(B,) T', V] for rows ``logits_rows`` (None: no head)."""
+        return_hidden: bool = False,
+    ) -> torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor]:
+        """token_ids [T] or [B, T] -> logits [(B,) T', V] for rows ``logits_rows`` (None: no head).
+
+        ``return_hidden``: also return the last layer's output (before the final norm) for
+        every row, [(B,) T, E] — the features that EAGLE-style heads draft from.
+        """
         squeeze = token_ids.dim() == 1
         ids = token_ids.unsqueeze(0) if squeeze else token_ids
         hidden, _ = self.run_layers(self.embed(ids), position_ids, mask, cache)
-        if logits_rows is None:
-            return None
-        logits = self.head(hidden[:, logits_rows])
-        return logits[0] if squeeze else logits
+        logits = None if logits_rows is None else self.head(hidden[:, logits_rows])
+        if squeeze:
+            logits, hidden = (None if logits is None else logits[0]), hidden[0]
+        return (logits, hidden) if return_hidden else logits
 
     __call__ = forward
 

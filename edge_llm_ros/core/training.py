@@ -597,10 +597,19 @@ def _batch_teacher(batch: Batch, target, vocab_ids, config: TrainConfig):
 
 
 def save_checkpoint(path: Path, draft: TorchCausalLM, optimizer, step: int, result: TrainResult, run: dict) -> None:
+    save_params_checkpoint(path, trainable_parameters(draft), optimizer, step, result, run)
+
+
+def load_checkpoint(path: Path, draft: TorchCausalLM, optimizer, result: TrainResult, run: dict) -> int:
+    return load_params_checkpoint(path, trainable_parameters(draft), optimizer, result, run)
+
+
+def save_params_checkpoint(path: Path, params: list, optimizer, step: int, result: TrainResult, run: dict) -> None:
+    """Trainable weights, optimizer state, counters and RNG of a run, written atomically."""
     state = {
         "run": run,
         "step": step,
-        "params": [p.detach().clone() for p in trainable_parameters(draft)],
+        "params": [p.detach().clone() for p in params],
         "optimizer": optimizer.state_dict(),
         "losses": result.losses,
         "evals": result.evals,
@@ -611,14 +620,14 @@ def save_checkpoint(path: Path, draft: TorchCausalLM, optimizer, step: int, resu
     os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint
 
 
-def load_checkpoint(path: Path, draft: TorchCausalLM, optimizer, result: TrainResult, run: dict) -> int:
+def load_params_checkpoint(path: Path, params: list, optimizer, result: TrainResult, run: dict) -> int:
+    """Restore what :func:`save_params_checkpoint` wrote, refusing another run's; returns the step."""
     state = torch.load(path, weights_only=False)
     if state.get("run") != run:
         raise ValueError(
             f"checkpoint {path} is from another run (settings or data differ):\n  checkpoint: {state.get('run')}\n"
             f"  this run:   {run}\nstart without --resume to train from scratch"
         )
-    params = trainable_parameters(draft)
     if len(state["params"]) != len(params) or any(a.shape != b.shape for a, b in zip(state["params"], params)):
         raise ValueError(f"checkpoint {path} belongs to a different draft shape")
     with torch.no_grad():

@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 128)")
     p.add_argument("--sampled", action="store_true",
                    help=f"also measure sampling ({', '.join(f'{k}={v}' for k, v in SAMPLING.items())}, fixed seeds)")
-    p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], lookup, or a draft model path")
+    p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], exit:K[:PATH], lookup, or a draft model path")
     p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], lookup, or a draft model path")
+    p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], exit:K[:PATH], lookup, or a draft model path")
     p.add_argument("--stats", action="store_true", help="print tau, tokens/s and the draft/verify split on stderr")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests

@@ -8,6 +8,9 @@ Draft specs (``--draft SPEC``):
                      the draft head to token ids [0, V) (byte-level BPE ids are roughly
                      frequency ranked; the verifier always uses the full vocabulary)
     lookup           prompt lookup (n-gram), training-free
+    exit:K[:PATH]    self-draft: the target's first K layers + the trained early exit at
+                     layer K-1 (0-based) + the target's norm and head (core's ExitDrafter);
+                     exits from PATH (``edge-llm-ros train exits``), default the shipped ones
     PATH             a trained draft folder (``edge-llm-ros train draft``, loaded by core's
                      ``load_drafter``), or a draft model: a directory with an HF config.json
                      or a .gguf file, loaded as an independent causal LM with the target's
@@ -134,13 +137,20 @@ def check_draft_spec(spec: str | None) -> None:
     """Syntax check before any model is loaded (so a typo fails in milliseconds)."""
     if spec is None or spec == "lookup":
         return
+    if spec.split(":")[0] == "exit":
+        parts = spec.split(":", 2)
+        if len(parts) < 2 or not parts[1].isdigit() or int(parts[1]) < 1:
+            raise ToolError(f"bad draft spec {spec!r}: expected exit:K[:PATH] with an integer K >= 1")
+        if len(parts) == 3 and not Path(parts[2]).exists():
+            raise ToolError(f"bad draft spec {spec!r}: exits directory {parts[2]} not found")
+        return
     if spec.split(":")[0] == "shallow":
         parts = spec.split(":")
         if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
             raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]] with integers K, V")
         return
     if not Path(spec).exists():
-        raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]], lookup, or an existing draft path")
+        raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]], exit:K, lookup, or an existing draft path")
 
 
 def build_drafter(spec: str | None, target: TorchCausalLM) -> Draft:
@@ -153,7 +163,26 @@ def build_drafter(spec: str | None, target: TorchCausalLM) -> Draft:
         return Draft(spec, drafter, f"prompt lookup (n-gram {drafter.min_ngram}..{drafter.max_ngram})")
     if spec.split(":")[0] == "shallow":
         return shallow_draft(spec, target)
+    if spec.split(":")[0] == "exit":
+        return exit_draft(spec, target)
     return load_draft_path(Path(spec), target)
+
+
+def exit_draft(spec: str, target: TorchCausalLM) -> Draft:
+    """``exit:K[:PATH]``: core's ExitDrafter over the first K layers with the exit at layer K-1."""
+    from edge_llm_ros.core.exits import load_exit_drafter
+
+    parts = spec.split(":", 2)
+    k, path = int(parts[1]), (Path(parts[2]) if len(parts) == 3 else None)
+    n = len(target.layer_ids)
+    if not 1 <= k < n:
+        raise ToolError(f"bad draft spec {spec!r}: K must be in [1, {n - 1}] (the target has {n} layers)")
+    try:
+        drafter = load_exit_drafter(target, k, path)
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot use draft {spec!r}: {' '.join(str(exc).split())}") from exc
+    return Draft(spec, drafter, f"target layers 0..{k - 1} of {n} + trained exit at layer {k - 1} "
+                                f"({describe(drafter)})")
 
 
 def shallow_draft(spec: str, target: TorchCausalLM) -> Draft:
@@ -248,10 +277,11 @@ class SubsetHead(torch.nn.Module):
         return full
 
 
-def hf_view(model: TorchCausalLM, vocab_ids: torch.Tensor | None = None) -> torch.nn.Module:
+def hf_view(model: TorchCausalLM, vocab_ids: torch.Tensor | None = None, adapter: torch.nn.Module | None = None
+            ) -> torch.nn.Module:
     """A transformers model of the same class whose modules are ``model``'s (shared, not copied):
-    embedding, the view's layers, final norm, rotary and head. For a shallow view this is the
-    draft as transformers can run it (``assistant_model=``)."""
+    embedding, the view's layers, final norm (after ``adapter``, an early exit), rotary and head.
+    For a shallow view this is the draft as transformers can run it (``assistant_model=``)."""
     hf = model.hf
     ids = model.layer_ids
     if ids[0] != 0:
@@ -264,7 +294,7 @@ def hf_view(model: TorchCausalLM, vocab_ids: torch.Tensor | None = None) -> torc
         view = type(hf)(config)
     view.model.embed_tokens = hf.model.embed_tokens
     view.model.layers = torch.nn.ModuleList(hf.model.layers[i] for i in ids)
-    view.model.norm = hf.model.norm
+    view.model.norm = hf.model.norm if adapter is None else torch.nn.Sequential(adapter, hf.model.norm)
     view.model.rotary_emb = hf.model.rotary_emb
     view.lm_head = hf.lm_head if vocab_ids is None else SubsetHead(hf.lm_head.weight, vocab_ids, model.vocab_size)
     view.generation_config = copy.deepcopy(hf.generation_config)
@@ -289,8 +319,10 @@ def hf_assist_for(draft: Draft) -> HFAssist:
         kwargs = {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS, "max_matching_ngram_size": drafter.max_ngram}
         return HFAssist(kwargs, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens, n-gram <= {drafter.max_ngram})")
     model = getattr(drafter, "model", None)
+    if getattr(drafter, "observe", None) is not None:  # drafts from the target's features: no HF counterpart
+        return HFAssist(None, f"no transformers equivalent of {type(drafter).__name__} (drafts from target features)")
     if isinstance(drafter, ModelDrafter) and isinstance(model, TorchCausalLM):
-        assistant = hf_view(model, drafter.vocab_ids)
+        assistant = hf_view(model, drafter.vocab_ids, getattr(drafter, "adapter", None))
         cfg = assistant.generation_config
         return HFAssist(
             {"assistant_model": assistant},

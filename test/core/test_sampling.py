@@ -126,3 +126,19 @@ def test_same_seed_same_tokens_different_seed_differs(pair):
     others = [generate_all(target, PROMPT, config.with_overrides(seed=s), drafter).tokens for s in range(8, 12)]
     assert a == b and len(a) == 12
     assert any(o != a for o in others)
+
+
+def test_feature_head_proposals_stay_exact(pair):
+    """An EAGLE-style head (random, so it disagrees with the target) drafting trees from features."""
+    from edge_llm_ros.core.heads import build_heads
+
+    target, _ = pair
+    torch.manual_seed(5)
+    head = build_heads(target)
+    with torch.no_grad():
+        head.fc.weight.normal_(0.0, 0.3)  # far from the target: many rejections to get right
+    config = CASES["tree"]
+    p_first, p_last = exact_marginals(target, Sampler(1.0))
+    firsts, lasts = empirical(target, head.drafter(), config)
+    assert chi_square_pvalue(firsts, p_first) > 1e-3
+    assert chi_square_pvalue(lasts, p_last) > 1e-3

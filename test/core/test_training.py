@@ -247,8 +247,8 @@ def test_shipped_draft_is_lossless_on_smollm2(smollm2):
 def test_train_command_rejects_bad_input_before_loading(capsys):
     from edge_llm_ros.tools.train import main
 
-    assert main(["exits"]) == 2
-    assert "not implemented yet (issue 4" in capsys.readouterr().err
+    assert main(["exits", "--layers", "x"]) == 2
+    assert "--layers must be comma-separated integers" in capsys.readouterr().err
     assert main(["draft", "--layers", "0"]) == 2
     assert "--layers must be > 0" in capsys.readouterr().err
     assert main(["draft", "--model", "/nonexistent/model.gguf"]) == 2
