@@ -108,6 +108,7 @@ def test_generate_stats_raw_and_sampling(tiny):
         (["hi", "--draft", "shallow:9", "--mode", "sd"], "K must be in [1, 2]"),
         (["hi", "--model", "/no/such/model.gguf"], "model not found"),
         (["hi", "--max-new-tokens", "many"], "invalid int value"),
+        (["hi", "--mode", "tree", "--tree-width", "0"], "--tree-width must be >= 1"),
         ([], "required: prompt"),
     ],
 )
@@ -116,6 +117,16 @@ def test_generate_bad_input_is_one_error_line_and_exit_2(argv, message):
     assert code == 2
     assert out == ""
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_shape_flags_override_the_preset(tiny):
+    base = generate.config_from_args(generate.build_parser().parse_args(["hi", "--mode", "tree"]))
+    args = generate.build_parser().parse_args(["hi", "--mode", "tree", "--tree-width", "3", "--tree-depth", "2"])
+    config = generate.config_from_args(args)
+    assert (config.tree_width, config.tree_depth) == (3, 2)
+    assert (config.tree_branch, config.tree_expand) == (base.tree_branch, base.tree_expand)  # the rest: preset
+    code, out, err = run_main(generate.main, ["hi", "--mode", "sd", "--gamma", "2", "--stats", *TINY])
+    assert code == 0 and "mode=sd" in err
 
 
 def test_generate_exit_status_of_a_real_process():
@@ -281,6 +292,7 @@ def test_bench_reports_a_lossless_failure_loudly(monkeypatch):
         (["--max-new-tokens", "0"], "--max-new-tokens must be > 0"),
         (["--json", "/no/such/folder/out.json"], "does not exist"),
         (["--draft", "shallow:1:x"], "bad draft spec"),
+        (["--gamma", "0"], "--gamma must be >= 1"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )

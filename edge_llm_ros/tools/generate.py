@@ -22,7 +22,16 @@ from typing import TextIO
 
 from edge_llm_ros.core import MODES, GenerationConfig, GenerationStats, chat_prompt, encode, generate, preset
 
-from .loading import Draft, ToolError, build_drafter, check_draft_spec, load_target, set_threads
+from .loading import (
+    Draft,
+    ToolError,
+    add_shape_arguments,
+    build_drafter,
+    check_draft_spec,
+    load_target,
+    set_threads,
+    shape_overrides,
+)
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 REPLACEMENT = "\ufffd"
@@ -168,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, metavar="SPEC", help="shallow[:K[:V]], exit:K[:PATH], lookup, or a draft model path")
+    add_shape_arguments(p)
     p.add_argument("--stats", action="store_true", help="print tau, tokens/s and the draft/verify split on stderr")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests
@@ -184,6 +194,7 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
             top_p=args.top_p,
             seed=args.seed,
             stop_strings=tuple(args.stop),
+            **shape_overrides(args),
         )
     except ValueError as exc:
         raise ToolError(str(exc)) from exc

@@ -334,6 +334,31 @@ def hf_assist_for(draft: Draft) -> HFAssist:
     return HFAssist(None, f"no transformers equivalent of {type(drafter).__name__}")
 
 
+SHAPE_FLAGS = {
+    "gamma": "sd: drafted tokens per round",
+    "tree_depth": "tree/llmcad: draft levels",
+    "tree_width": "tree/llmcad: drafted nodes verified per round (W)",
+    "tree_branch": "tree/llmcad: children per expanded node",
+    "tree_expand": "tree/llmcad: nodes expanded per level",
+}
+
+
+def add_shape_arguments(parser) -> None:
+    """``--gamma``, ``--tree-depth``, ... : override the mode presets' draft shape."""
+    for name, what in SHAPE_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None, metavar="N",
+                            help=f"{what} (default: the mode's preset)")
+
+
+def shape_overrides(args) -> dict:
+    """The shape flags given on the command line, as GenerationConfig fields (checked by it)."""
+    shape = {name: getattr(args, name) for name in SHAPE_FLAGS if getattr(args, name, None) is not None}
+    for name, value in shape.items():
+        if value < 1:
+            raise ToolError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return shape
+
+
 def set_threads(threads: int | None) -> int:
     """torch intra-op threads: ``threads``, or every core (``os.cpu_count()``)."""
     n = threads or os.cpu_count() or 1

@@ -141,3 +141,17 @@ def test_feature_cache_tells_responses_of_one_prompt_apart(target, dataset, tmp_
     again = cached_features(target, both[::-1], tmp_path / "f.pt", progress=False)  # all from the cache
     for sample, feats, cached in zip(both, first, again[::-1]):
         assert feats.shape[0] == len(sample) and torch.equal(feats, cached)
+
+
+def test_feature_head_is_lossless_on_smollm2(smollm2):
+    """The real target hands its features to a head (untrained here: losslessness must not depend on it)."""
+    from edge_llm_ros.core import chat_prompt
+
+    drafter = build_heads(smollm2).drafter()
+    for text in ("Walk to the kitchen and tell me what is on the table.", "def add(a, b):"):
+        prompt = chat_prompt(smollm2.tokenizer, text)
+        ar = generate_all(smollm2, prompt, GenerationConfig(mode="ar", max_new_tokens=32)).tokens
+        for config in (GenerationConfig(mode="sd", gamma=3, max_new_tokens=32),
+                       GenerationConfig(mode="tree", tree_depth=3, tree_branch=2, tree_expand=2, tree_width=6,
+                                        max_new_tokens=32)):
+            assert generate_all(smollm2, prompt, config, drafter=drafter).tokens == ar
