@@ -168,15 +168,41 @@ def save_draft(draft: Draft, path: str | os.PathLike, target: TorchCausalLM) -> 
     return folder
 
 
-def read_draft_config(path: str | os.PathLike) -> dict:
+def read_config(path: str | os.PathLike, expected_format: str = DRAFT_FORMAT, what: str = "draft") -> dict:
+    """``config.json`` of a ``what`` directory (which must hold ``model.safetensors`` too), refused
+    unless its format is ``expected_format``. Shared with the exits files (:mod:`.exits`)."""
     folder = Path(path)
     file = folder / CONFIG_FILE
     if not file.is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{folder} is not a draft directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+        article = "an" if what[0] in "aeiou" else "a"
+        raise FileNotFoundError(f"{folder} is not {article} {what} directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     config = json.loads(file.read_text(encoding="utf-8"))
-    if config.get("format") != DRAFT_FORMAT:
-        raise ValueError(f"{file}: unknown draft format {config.get('format')!r}, expected {DRAFT_FORMAT!r}")
+    if config.get("format") != expected_format:
+        raise ValueError(f"{file}: unknown {what} format {config.get('format')!r}, expected {expected_format!r}")
     return config
+
+
+def read_weights(
+    path: str | os.PathLike, expected: set[str], vocab_size: int, what: str = "draft"
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """The tensors of ``model.safetensors`` in directory ``path``, refused unless their names are
+    ``expected``, and the vocabulary subset stored beside them ("vocab_ids", long; None if absent),
+    refused outside [0, vocab_size). Shared with the exits files (:mod:`.exits`)."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    state = load_file(str(folder / WEIGHTS_FILE))
+    vocab_ids = state.pop("vocab_ids", None)
+    if vocab_ids is not None:
+        vocab_ids = vocab_ids.to(torch.long)
+        if vocab_ids.numel() and (int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= vocab_size):
+            raise ValueError(f"{what} {folder}: vocab_ids outside [0, {vocab_size})")
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(
+            f"{what} {folder}: weights do not fit the config (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    return state, vocab_ids
 
 
 def check_target(config: dict, target: TorchCausalLM, where: str = "draft") -> None:
@@ -197,18 +223,10 @@ def check_target(config: dict, target: TorchCausalLM, where: str = "draft") -> N
 
 def load_draft(target: TorchCausalLM, path: str | os.PathLike | None = None) -> Draft:
     """Load a draft directory (default: the shipped draft for SmolLM2-135M-Instruct) onto ``target``."""
-    from safetensors.torch import load_file
-
     folder = default_draft_path() if path is None else Path(path)
-    config = read_draft_config(folder)
+    config = read_config(folder)
     check_target(config, target, where=f"draft {folder}")
     model = _assemble(target, _draft_config(target, config["num_layers"], config["model_config"]))
-    state = load_file(str(folder / WEIGHTS_FILE))
-    vocab_ids = state.pop("vocab_ids", None)
-    if vocab_ids is not None:
-        vocab_ids = vocab_ids.to(torch.long)
-        if vocab_ids.numel() and (int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target.vocab_size):
-            raise ValueError(f"draft {folder}: vocab_ids outside [0, {target.vocab_size})")
     inner = model.hf.model
     fc = None
     if config.get("kind", "draft") == "heads":
@@ -220,11 +238,7 @@ def load_draft(target: TorchCausalLM, path: str | os.PathLike | None = None) -> 
     expected = {f"layers.{k}" for k in inner.layers.state_dict()} | {f"norm.{k}" for k in inner.norm.state_dict()}
     if fc is not None:
         expected |= {f"fc.{k}" for k in fc.state_dict()}
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(
-            f"draft {folder}: weights do not fit the config (missing {missing[:3]}, unexpected {extra[:3]})"
-        )
+    state, vocab_ids = read_weights(folder, expected, target.vocab_size, "draft")
     with torch.no_grad():
         inner.layers.load_state_dict({k[len("layers.") :]: v for k, v in state.items() if k.startswith("layers.")})
         inner.norm.load_state_dict({k[len("norm.") :]: v for k, v in state.items() if k.startswith("norm.")})
@@ -241,11 +255,16 @@ def load_drafter(target: TorchCausalLM, path: str | os.PathLike | None = None) -
 
 
 def default_draft_path(name: str = DEFAULT_DRAFT) -> Path:
-    folder = DRAFTERS_DIR / name
+    return shipped_path(DRAFTERS_DIR, name, "draft", "train one with: edge-llm-ros train draft")
+
+
+def shipped_path(root: Path, name: str, what: str = "draft", hint: str = "") -> Path:
+    """The shipped ``what`` directory ``root/name``; if it is missing, an error naming those available
+    and ``hint`` (how to make one). Shared with the exits files (:mod:`.exits`)."""
+    folder = root / name
     if not (folder / CONFIG_FILE).is_file():
-        available = sorted(p.name for p in DRAFTERS_DIR.glob("*") if (p / CONFIG_FILE).is_file())
+        available = sorted(p.name for p in root.glob("*") if (p / CONFIG_FILE).is_file())
         raise FileNotFoundError(
-            f"no shipped draft {name!r} in {DRAFTERS_DIR} (available: {', '.join(available) or 'none'}); "
-            "train one with: edge-llm-ros train draft"
+            f"no shipped {what} {name!r} in {root} (available: {', '.join(available) or 'none'}); {hint}"
         )
     return folder

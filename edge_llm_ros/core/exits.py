@@ -51,15 +51,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .draft_models import check_target
+from .draft_models import CONFIG_FILE, WEIGHTS_FILE, check_target, read_config, read_weights, shipped_path
 from .drafters import ModelDrafter
 from .models import TorchCausalLM
 from .training import (
     Sample,
+    Stepper,
     _progress,
     collate,
     kd_loss,
-    lr_at,
     make_batches,
     step_schedule,
     target_identity,
@@ -70,7 +70,6 @@ EXITS_DIR = Path(__file__).resolve().parents[1] / "data" / "exits"
 DEFAULT_EXITS = "smollm2-135m-instruct"
 EXITS_FORMAT = "edge_llm_ros.exits/1"
 FEATURES_FORMAT = "edge_llm_ros.exit-features/1"
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 DEFAULT_BOTTLENECK = 512
 
 
@@ -252,40 +251,17 @@ def save_exits(exits: ExitSet, path: str | os.PathLike, target: TorchCausalLM) -
     return folder
 
 
-def read_exits_config(path: str | os.PathLike) -> dict:
-    folder = Path(path)
-    file = folder / CONFIG_FILE
-    if not file.is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{folder} is not an exits directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    config = json.loads(file.read_text(encoding="utf-8"))
-    if config.get("format") != EXITS_FORMAT:
-        raise ValueError(f"{file}: unknown exits format {config.get('format')!r}, expected {EXITS_FORMAT!r}")
-    return config
-
-
 def load_exits(target: TorchCausalLM, path: str | os.PathLike | None = None) -> ExitSet:
     """Load an exits directory (default: the shipped exits for SmolLM2-135M-Instruct) onto ``target``.
 
     Raises :class:`~edge_llm_ros.core.draft_models.DraftMismatchError` for another target.
     """
-    from safetensors.torch import load_file
-
     folder = default_exits_path() if path is None else Path(path)
-    config = read_exits_config(folder)
+    config = read_config(folder, EXITS_FORMAT, "exits")
     check_target(config, target, where=f"exits {folder}")
     exits = build_exits(target, config["layers"], config["bottleneck"], name=config.get("name", folder.name))
-    state = load_file(str(folder / WEIGHTS_FILE))
-    vocab_ids = state.pop("vocab_ids", None)
-    if vocab_ids is not None:
-        vocab_ids = vocab_ids.to(torch.long)
-        if vocab_ids.numel() and (int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= target.vocab_size):
-            raise ValueError(f"exits {folder}: vocab_ids outside [0, {target.vocab_size})")
     expected = {f"exits.{k}" for k in exits.adapters.state_dict()}
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(
-            f"exits {folder}: weights do not fit the config (missing {missing[:3]}, unexpected {extra[:3]})"
-        )
+    state, vocab_ids = read_weights(folder, expected, target.vocab_size, "exits")
     with torch.no_grad():
         exits.adapters.load_state_dict({k[len("exits.") :]: v for k, v in state.items()})
     exits.vocab_ids, exits.training = vocab_ids, config.get("training", {})
@@ -293,14 +269,7 @@ def load_exits(target: TorchCausalLM, path: str | os.PathLike | None = None) -> 
 
 
 def default_exits_path(name: str = DEFAULT_EXITS) -> Path:
-    folder = EXITS_DIR / name
-    if not (folder / CONFIG_FILE).is_file():
-        available = sorted(p.name for p in EXITS_DIR.glob("*") if (p / CONFIG_FILE).is_file())
-        raise FileNotFoundError(
-            f"no shipped exits {name!r} in {EXITS_DIR} (available: {', '.join(available) or 'none'}); "
-            "train them with: edge-llm-ros train exits"
-        )
-    return folder
+    return shipped_path(EXITS_DIR, name, "exits", "train them with: edge-llm-ros train exits")
 
 
 def load_exit_drafter(target: TorchCausalLM, num_layers: int, path: str | os.PathLike | None = None) -> ExitDrafter:
@@ -482,27 +451,6 @@ def evaluate_exits(
     return {layer: {**{k: v / n for k, v in s.items()}, "positions": n} for layer, s in stats.items()}
 
 
-def _checkpoint(path: Path, exits: ExitSet, optimizer, step: int, result: ExitTrainResult, run: dict) -> None:
-    state = {"run": run, "step": step, "adapters": exits.adapters.state_dict(), "optimizer": optimizer.state_dict(),
-             "losses": result.losses, "evals": result.evals}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint
-
-
-def _resume(path: Path, exits: ExitSet, optimizer, result: ExitTrainResult, run: dict) -> int:
-    state = torch.load(path, weights_only=False)
-    if state.get("run") != run:
-        raise ValueError(
-            f"checkpoint {path} is from another run (settings or data differ):\n  checkpoint: {state.get('run')}\n"
-            f"  this run:   {run}\nstart without --resume to train from scratch"
-        )
-    exits.adapters.load_state_dict(state["adapters"])
-    optimizer.load_state_dict(state["optimizer"])
-    result.losses, result.evals = list(state["losses"]), list(state["evals"])
-    return int(state["step"])
-
-
 def train_exits(
     target: TorchCausalLM,
     exits: ExitSet,
@@ -535,26 +483,16 @@ def train_exits(
     order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed))
     batches = list(order.split(config.batch_positions))
     schedule = step_schedule(len(batches), config)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     result = ExitTrainResult(steps=len(schedule))
     run = {"config": asdict(config), "positions": len(features), "layers": list(exits.layers),
            "bottleneck": exits.config.bottleneck, "vocab": None if exits.vocab_ids is None else len(exits.vocab_ids)}
-    ckpt = Path(checkpoint) if checkpoint is not None else None
-    start = 0
-    if resume:
-        if ckpt is None or not ckpt.exists():
-            raise FileNotFoundError(f"nothing to resume: no checkpoint at {ckpt}")
-        start = result.resumed_from = _resume(ckpt, exits, optimizer, result, run)
-        if log:
-            log(f"resumed from {ckpt} at step {start}/{len(schedule)}")
+    stepper = Stepper(params, config, result, run, checkpoint, resume, log)
     started = time.perf_counter()
     for p in params:
         p.requires_grad_(True)
-    bar = _progress(total=len(schedule), initial=start, desc="exits", unit="step", enabled=progress)
+    bar = _progress(total=len(schedule), initial=stepper.start, desc="exits", unit="step", enabled=progress)
     try:
-        for step in range(start, len(schedule)):
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_at(step, len(schedule), config)
+        for step in range(stepper.start, len(schedule)):
             idx = batches[schedule[step]]
             ids, p, _ = features.teacher(idx, index)
             loss = sum(
@@ -562,16 +500,10 @@ def train_exits(
                         ids, p)
                 for layer in exits.layers
             )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
-            result.losses.append(loss.item())
+            stepper.step(step, loss)
             bar.update(1)
             bar.set_postfix(loss=f"{result.losses[-1] / len(exits.layers):.3f}")
-            done = step + 1
-            if ckpt is not None and (done % config.checkpoint_every == 0 or done == len(schedule)):
-                _checkpoint(ckpt, exits, optimizer, done, result, run)
+            stepper.checkpoint_if_due(step + 1)
     finally:
         bar.close()
         for p in params:

@@ -37,15 +37,13 @@ from .models import TorchCausalLM
 from .sampling import Sampler
 from .training import (
     Sample,
+    Stepper,
     TrainConfig,
     TrainResult,
     _progress,
     collate,
     kd_loss,
-    load_params_checkpoint,
-    lr_at,
     make_batches,
-    save_params_checkpoint,
     step_schedule,
     subset_logits,
     vocab_index,
@@ -361,38 +359,21 @@ def train_heads(
     index = vocab_index(head.model.vocab_size, vocab_ids)
     batches = make_batches(train, config.batch_tokens)
     schedule = step_schedule(len(batches), config)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     result = TrainResult(steps=len(schedule))
     run = {"config": asdict(config), "samples": len(train), "batches": len(batches), "kind": "heads", "unroll": unroll,
            "vocab": None if vocab_ids is None else len(vocab_ids)}
-    start = 0
-    ckpt = Path(checkpoint) if checkpoint is not None else None
-    if resume:
-        if ckpt is None or not ckpt.exists():
-            raise FileNotFoundError(f"nothing to resume: no checkpoint at {ckpt}")
-        start = result.resumed_from = load_params_checkpoint(ckpt, params, optimizer, result, run)
-        if log:
-            log(f"resumed from {ckpt} at step {start}/{len(schedule)}")
-    bar = _progress(total=len(schedule), initial=start, desc="heads", unit="step", enabled=progress)
+    stepper = Stepper(params, config, result, run, checkpoint, resume, log)
+    bar = _progress(total=len(schedule), initial=stepper.start, desc="heads", unit="step", enabled=progress)
     try:
-        for step in range(start, len(schedule)):
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_at(step, len(schedule), config)
+        for step in range(stepper.start, len(schedule)):
             idx = batches[schedule[step]]
             batch = collate([train[i] for i in idx], index)
             feats = _batch_features(train, features, idx, batch.ids.shape[1])
             terms = head_losses(head, batch, feats, unroll)
-            loss = terms["loss"]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
-            result.losses.append(loss.item())
+            stepper.step(step, terms["loss"])
             bar.update(1)
             bar.set_postfix(feat=f"{terms['feature'][0].item():.3f}", kd=f"{terms['kd'][0].item():.3f}")
-            done = step + 1
-            if ckpt is not None and (done % config.checkpoint_every == 0 or done == len(schedule)):
-                save_params_checkpoint(ckpt, params, optimizer, done, result, run)
+            stepper.checkpoint_if_due(step + 1)
     finally:
         bar.close()
         for p in params:

@@ -596,14 +596,6 @@ def _batch_teacher(batch: Batch, target, vocab_ids, config: TrainConfig):
     return online_teacher(target, batch, vocab_ids, config.topk)
 
 
-def save_checkpoint(path: Path, draft: TorchCausalLM, optimizer, step: int, result: TrainResult, run: dict) -> None:
-    save_params_checkpoint(path, trainable_parameters(draft), optimizer, step, result, run)
-
-
-def load_checkpoint(path: Path, draft: TorchCausalLM, optimizer, result: TrainResult, run: dict) -> int:
-    return load_params_checkpoint(path, trainable_parameters(draft), optimizer, result, run)
-
-
 def save_params_checkpoint(path: Path, params: list, optimizer, step: int, result: TrainResult, run: dict) -> None:
     """Trainable weights, optimizer state, counters and RNG of a run, written atomically."""
     state = {
@@ -629,7 +621,7 @@ def load_params_checkpoint(path: Path, params: list, optimizer, result: TrainRes
             f"  this run:   {run}\nstart without --resume to train from scratch"
         )
     if len(state["params"]) != len(params) or any(a.shape != b.shape for a, b in zip(state["params"], params)):
-        raise ValueError(f"checkpoint {path} belongs to a different draft shape")
+        raise ValueError(f"checkpoint {path} holds weights of another shape")
     with torch.no_grad():
         for p, saved in zip(params, state["params"]):
             p.copy_(saved)
@@ -637,6 +629,48 @@ def load_params_checkpoint(path: Path, params: list, optimizer, result: TrainRes
     result.losses, result.evals = list(state["losses"]), list(state["evals"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["step"])
+
+
+class Stepper:
+    """The optimisation every trainer here shares (drafts, exits, heads): AdamW at the warm-up +
+    cosine lr of :func:`lr_at`, gradient clipping at ``grad_clip``, the trainable ``params`` saved
+    to ``checkpoint`` every ``checkpoint_every`` steps and after the last; with ``resume`` it
+    restores that checkpoint (another run's is refused) and :attr:`start` is the step it reached."""
+
+    def __init__(
+        self, params: list, config: TrainConfig, result: TrainResult, run: dict,
+        checkpoint: str | os.PathLike | None = None, resume: bool = False, log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.params, self.config, self.result, self.run = params, config, result, run
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.start = 0
+        if resume:
+            if self.checkpoint is None or not self.checkpoint.exists():
+                raise FileNotFoundError(f"nothing to resume: no checkpoint at {self.checkpoint}")
+            self.start = result.resumed_from = load_params_checkpoint(self.checkpoint, params, self.optimizer,
+                                                                      result, run)
+            if log:
+                log(f"resumed from {self.checkpoint} at step {self.start}/{result.steps}")
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step(self, step: int, loss: torch.Tensor) -> None:
+        """Backward, clip, one AdamW step at the scheduled lr of ``step``; the loss goes to the result."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr * lr_at(step, self.result.steps, self.config)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        self.optimizer.step()
+        self.result.losses.append(loss.item())
+
+    def checkpoint_if_due(self, done: int) -> None:
+        """After ``done`` steps: save every ``checkpoint_every`` steps and after the last."""
+        if self.checkpoint is not None and (done % self.config.checkpoint_every == 0 or done == self.result.steps):
+            save_params_checkpoint(self.checkpoint, self.params, self.optimizer, done, self.result, self.run)
 
 
 def train_draft(
@@ -669,40 +703,24 @@ def train_draft(
     index = vocab_index(draft.vocab_size, vocab_ids)
     batches = make_batches(train, config.batch_tokens)
     schedule = step_schedule(len(batches), config)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     result = TrainResult(steps=len(schedule))
     run = {"config": asdict(config), "samples": len(train), "batches": len(batches),
            "vocab": None if vocab_ids is None else len(vocab_ids), "layers": len(params)}
-    start = 0
-    ckpt = Path(checkpoint) if checkpoint is not None else None
-    if resume:
-        if ckpt is None or not ckpt.exists():
-            raise FileNotFoundError(f"nothing to resume: no checkpoint at {ckpt}")
-        start = result.resumed_from = load_checkpoint(ckpt, draft, optimizer, result, run)
-        if log:
-            log(f"resumed from {ckpt} at step {start}/{len(schedule)}")
+    stepper = Stepper(params, config, result, run, checkpoint, resume, log)
     draft.hf.train()
-    bar = _progress(total=len(schedule), initial=start, desc="distil", unit="step", enabled=progress)
+    bar = _progress(total=len(schedule), initial=stepper.start, desc="distil", unit="step", enabled=progress)
     try:
-        for step in range(start, len(schedule)):
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_at(step, len(schedule), config)
+        for step in range(stepper.start, len(schedule)):
             batch = collate([train[i] for i in batches[schedule[step]]], index)
             teacher_ids, teacher_p = _batch_teacher(batch, target, vocab_ids, config)
             hidden = draft_hidden(draft, batch.ids)[batch.rows, batch.cols]  # [N, E]
-            loss = kd_loss(subset_logits(draft, hidden, vocab_ids), teacher_ids, teacher_p)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
-            result.losses.append(loss.item())
+            stepper.step(step, kd_loss(subset_logits(draft, hidden, vocab_ids), teacher_ids, teacher_p))
             bar.update(1)
-            bar.set_postfix(loss=f"{result.losses[-1]:.3f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
+            bar.set_postfix(loss=f"{result.losses[-1]:.3f}", lr=f"{stepper.lr:.1e}")
             done = step + 1
             if config.eval_every and heldout and done % config.eval_every == 0 and done < len(schedule):
                 _record_eval(draft, heldout, vocab_ids, target, config, result, done, log)
-            if ckpt is not None and (done % config.checkpoint_every == 0 or done == len(schedule)):
-                save_checkpoint(ckpt, draft, optimizer, done, result, run)
+            stepper.checkpoint_if_due(done)
     finally:
         bar.close()
         draft.hf.eval()

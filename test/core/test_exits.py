@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
+from toy import VOCAB, tiny_target
 
-from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all, tiny_llama
+from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all
 from edge_llm_ros.core import exits as E
 from edge_llm_ros.core.draft_models import DraftMismatchError
 from edge_llm_ros.core.exits import (
@@ -23,33 +24,8 @@ from edge_llm_ros.core.exits import (
     save_exits,
     train_exits,
 )
-from edge_llm_ros.core.training import Prompt, generate_responses, split_dataset
 
-VOCAB = 64
 SUBSET = torch.tensor([0, 3, 5, 8, 13, 21, 34, 55, VOCAB - 1])
-
-
-class CharTokenizer:
-    """Characters -> ids (code point mod the vocabulary); enough of a tokenizer for raw prompts."""
-
-    def __init__(self, vocab_size: int = VOCAB, salt: str = "") -> None:
-        self.vocab_size, self.salt = vocab_size, salt
-        self.eos_token_id = vocab_size - 1
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % (self.vocab_size - 1) for c in text]}
-
-    def get_vocab(self):
-        return {f"{self.salt}<{i}>": i for i in range(self.vocab_size)}
-
-    def decode(self, ids, **_):
-        return "".join(chr(65 + i % 26) for i in ids)
-
-
-def tiny_target(vocab_size: int = VOCAB, salt: str = "", hidden_size: int = 32):
-    target = tiny_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=4, max_context=128, seed=0)
-    target.tokenizer = CharTokenizer(vocab_size, salt)
-    return target
 
 
 def randomised(exits, scale: float = 0.5, seed: int = 1):
@@ -59,23 +35,6 @@ def randomised(exits, scale: float = 0.5, seed: int = 1):
         for p in exits.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * scale)
     return exits
-
-
-PROMPTS = [Prompt(text, "toy", chat=False) for text in
-           ("move to the door", "stop", "turn left now", "pick up the cup", "where is the dock?", "sit",
-            "follow me", "go back home", "look around slowly", "open the drawer", "count the boxes", "charge",
-            "walk two meters", "say hello", "find the ball", "wait here")]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def data(target):
-    samples = generate_responses(target, PROMPTS, max_new_tokens=24, batch_size=8, topk=16, progress=False)
-    return samples[:12], samples[12:]
 
 
 def hidden_states(target, ids, layers):
@@ -154,18 +113,18 @@ def test_exit_drafter_drafts_from_the_exit(target):
 
 @pytest.mark.parametrize("mode", ["sd", "tree", "llmcad"])
 @pytest.mark.parametrize("subset", [False, True])
-def test_exit_drafter_is_lossless(target, data, mode, subset):
+def test_exit_drafter_is_lossless(target, dataset, mode, subset):
     exits = randomised(build_exits(target, [0, 1], bottleneck=8, vocab_ids=SUBSET if subset else None), 0.1)
     drafter = exits.drafter(target, 2)
-    for sample in data[1][:2]:
+    for sample in dataset[12:14]:
         ar = generate_all(target, sample.prompt_ids, GenerationConfig(max_new_tokens=24))
         out = generate_all(target, sample.prompt_ids, GenerationConfig(mode=mode, max_new_tokens=24), drafter=drafter)
         assert out.tokens == ar.tokens
         assert out.stats.rounds > 0
 
 
-def test_training_raises_agreement(target, data):
-    train, heldout = data
+def test_training_raises_agreement(target, dataset):
+    train = dataset[:12]
     features = exit_features(target, train, [0, 1], batch_tokens=256, progress=False)
     assert len(features) == sum(len(s.response_ids) for s in train)
     assert features.hidden[0].dtype == torch.float16 and features.hidden[1].shape == (len(features), 32)
@@ -188,8 +147,8 @@ def test_training_raises_agreement(target, data):
     assert all(p.grad is None for p in target.hf.parameters())  # the target stays untouched
 
 
-def test_features_are_cached(target, data, tmp_path, monkeypatch):
-    train = data[0][:4]
+def test_features_are_cached(target, dataset, tmp_path, monkeypatch):
+    train = dataset[:4]
     path = tmp_path / "features.pt"
     first = exit_features(target, train, [1], cache_path=path, progress=False)
     monkeypatch.setattr(type(target), "run_layers", lambda *a, **k: pytest.fail("recomputed"))
@@ -200,8 +159,8 @@ def test_features_are_cached(target, data, tmp_path, monkeypatch):
     assert torch.equal(other.hidden[1], first.hidden[1]) and 0 in other.hidden
 
 
-def test_resume_continues_where_it_stopped(target, data, tmp_path, monkeypatch):
-    features = exit_features(target, data[0], [0, 2], progress=False)
+def test_resume_continues_where_it_stopped(target, dataset, tmp_path, monkeypatch):
+    features = exit_features(target, dataset[:12], [0, 2], progress=False)
     config = ExitTrainConfig(epochs=3, lr=3e-3, warmup_steps=2, batch_positions=32, checkpoint_every=4, seed=3)
     straight = build_exits(target, [0, 2], bottleneck=8)
     train_exits(target, straight, features, config, progress=False)

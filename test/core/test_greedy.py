@@ -99,6 +99,6 @@ def test_stats_are_consistent(tiny, tiny_drafters):
 def test_speculative_modes_default_to_prompt_lookup_and_presets(tiny):
     prompt = prompt_of(6, seed=2) * 2
     config = preset("tree", max_new_tokens=20)
-    assert (config.tree_depth, config.tree_width) == (6, 16) and config.mode == "tree"
+    assert (config.tree_depth, config.tree_width) == (4, 7) and config.mode == "tree"
     result = generate_all(tiny, prompt, config)  # no drafter given: prompt lookup
     assert result.tokens == hf_greedy(tiny, prompt, 20) and result.stats.drafted > 0

@@ -3,7 +3,7 @@ the engine, training raises agreement, files round-trip; and the engine's refusa
 
 import pytest
 import torch
-from test_training import PROMPTS, VOCAB, tiny_target
+from toy import PROMPTS, VOCAB
 
 from edge_llm_ros.core import GenerationConfig, generate_all
 from edge_llm_ros.core.draft_models import load_draft, load_drafter, save_draft
@@ -24,18 +24,6 @@ MODES = [
     GenerationConfig(mode="tree", tree_depth=4, tree_branch=2, tree_expand=2, tree_width=6, max_new_tokens=40),
     GenerationConfig(mode="llmcad", tree_depth=4, tree_branch=2, tree_expand=2, tree_width=6, max_new_tokens=40),
 ]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def dataset(target, tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "responses.pkl"
-    return generate_responses(target, PROMPTS, max_new_tokens=24, batch_size=8, topk=16, cache_path=path,
-                              progress=False)
 
 
 @pytest.fixture(scope="module")

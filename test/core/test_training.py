@@ -5,8 +5,9 @@ import json
 
 import pytest
 import torch
+from toy import PROMPTS, VOCAB, tiny_target
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, chat_prompt, generate_all, tiny_llama
+from edge_llm_ros.core import GenerationConfig, ModelDrafter, chat_prompt, generate_all
 from edge_llm_ros.core import training
 from edge_llm_ros.core.draft_models import (
     DraftMismatchError,
@@ -18,7 +19,6 @@ from edge_llm_ros.core.draft_models import (
     save_draft,
 )
 from edge_llm_ros.core.training import (
-    Prompt,
     TrainConfig,
     evaluate_agreement,
     frequent_vocab,
@@ -26,50 +26,6 @@ from edge_llm_ros.core.training import (
     split_dataset,
     train_draft,
 )
-
-VOCAB = 64
-
-
-class CharTokenizer:
-    """Characters -> ids (code point mod the vocabulary); enough of a tokenizer for raw prompts."""
-
-    def __init__(self, vocab_size: int = VOCAB, salt: str = "") -> None:
-        self.vocab_size, self.salt = vocab_size, salt
-        self.eos_token_id = vocab_size - 1
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % (self.vocab_size - 1) for c in text]}
-
-    def get_vocab(self):
-        return {f"{self.salt}<{i}>": i for i in range(self.vocab_size)}
-
-    def decode(self, ids, **_):
-        return "".join(chr(65 + i % 26) for i in ids)
-
-
-def tiny_target(vocab_size: int = VOCAB, salt: str = "", num_layers: int = 4):
-    target = tiny_llama(vocab_size=vocab_size, hidden_size=32, num_layers=num_layers, max_context=128, seed=0)
-    target.tokenizer = CharTokenizer(vocab_size, salt)
-    return target
-
-
-PROMPTS = [Prompt(text, "toy", chat=False) for text in
-           ("move to the door", "stop", "turn left now", "pick up the cup", "where is the dock?", "sit",
-            "follow me", "go back home", "look around slowly", "open the drawer", "count the boxes", "charge",
-            "walk two meters", "say hello", "find the ball", "wait here")]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def dataset(target, tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "responses.pkl"
-    return generate_responses(target, PROMPTS, max_new_tokens=24, batch_size=8, topk=16, cache_path=path,
-                              progress=False)
-
 
 def test_responses_are_the_targets_greedy_output(target, dataset):
     for sample in dataset[:4]:
