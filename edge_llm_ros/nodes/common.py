@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Callable
 
@@ -28,3 +29,20 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
         node.destroy_node()
         rt.shutdown()
     return 0
+
+
+# -- core records <-> messages with the same field names ---------------------------------------------
+
+
+def from_message(record_cls, msg):
+    """The core dataclass ``record_cls`` from a message with the same fields (sequences as lists)."""
+    return record_cls(**{f.name: _plain(getattr(msg, f.name)) for f in dataclasses.fields(record_cls)})
+
+
+def to_message(msg_cls, record):
+    """The message ``msg_cls`` from a core dataclass record with the same fields."""
+    return msg_cls(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
+
+
+def _plain(value):
+    return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value

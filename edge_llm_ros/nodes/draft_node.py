@@ -29,8 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import run_node
-from edge_llm_ros.nodes.verifier_node import DRAFT_FIELDS, OUTCOME_FIELDS, _plain
+from edge_llm_ros.nodes.common import from_message, run_node, to_message
 
 
 class VerifierTimeout(TimeoutError):
@@ -126,7 +125,7 @@ class DraftNode(rt.Node):
         """Early outcomes go to the drafter (pre-drafting), finals to their request's thread."""
         from edge_llm_ros.core import VerifyOutcome
 
-        outcome = VerifyOutcome(**{name: _plain(getattr(msg, name)) for name in OUTCOME_FIELDS})
+        outcome = from_message(VerifyOutcome, msg)
         inbox = self.inboxes.get(outcome.request_id)
         if inbox is None:
             return  # another robot's request, or one that ended
@@ -168,7 +167,7 @@ class DraftNode(rt.Node):
         try:
             draft = self.drafter.start(rid, self.prompt_ids(prompt), config)
             while draft is not None:
-                self.draft_pub.publish(self.DraftTree(**{name: getattr(draft, name) for name in DRAFT_FIELDS}))
+                self.draft_pub.publish(to_message(self.DraftTree, draft))
                 step, final = None, None
                 while step is None:  # stale or duplicated finals are ignored by the drafter
                     try:

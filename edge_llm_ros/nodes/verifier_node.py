@@ -21,23 +21,7 @@ import threading
 import time
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import run_node
-
-DRAFT_FIELDS = ("request_id", "round", "context_ids", "prefix_len", "token_ids", "parents", "draft_probs", "topk",
-                "topk_ids", "topk_probs", "temperature", "top_p", "top_k", "seed")
-OUTCOME_FIELDS = ("request_id", "round", "final", "exit_layer", "confidence", "accepted_nodes", "accepted_ids",
-                  "next_token", "probs", "error")
-
-
-def to_draft(msg):
-    """DraftTree -> core DraftRequest (raises core DraftError naming the field)."""
-    from edge_llm_ros.core.edge_cloud import DraftRequest
-
-    return DraftRequest(**{name: _plain(getattr(msg, name)) for name in DRAFT_FIELDS})
-
-
-def _plain(value):
-    return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value
+from edge_llm_ros.nodes.common import from_message, run_node, to_message
 
 
 class VerifierNode(rt.Node):
@@ -97,10 +81,10 @@ class VerifierNode(rt.Node):
 
     def verify(self, msg) -> None:
         from edge_llm_ros.core import VerifyOutcome
-        from edge_llm_ros.core.edge_cloud import DraftError, RequestLimitError
+        from edge_llm_ros.core.edge_cloud import DraftError, DraftRequest, RequestLimitError
 
         try:
-            draft = to_draft(msg)
+            draft = from_message(DraftRequest, msg)  # raises DraftError naming a bad field
             if draft.round == 0:
                 self.make_room(draft.request_id)
             for outcome in self.verifier.verify(draft):
@@ -134,7 +118,7 @@ class VerifierNode(rt.Node):
             outcome = self.outbox.get()
             if outcome is None:
                 return
-            self.verify_pub.publish(self.VerifyResult(**{name: getattr(outcome, name) for name in OUTCOME_FIELDS}))
+            self.verify_pub.publish(to_message(self.VerifyResult, outcome))
 
     def destroy_node(self) -> None:
         self.stopping.set()
