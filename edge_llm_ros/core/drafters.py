@@ -126,12 +126,17 @@ class ModelDrafter:
 
     def _logits(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Run the draft over new rows; logits [T, V] (-inf outside ``vocab_ids``)."""
-        ids = torch.tensor([token_ids])
         with torch.inference_mode():
-            hidden, _ = self.model.run_layers(self.model.embed(ids), positions, mask, self.cache)
+            hidden = self._rows(self.model.embed(torch.tensor(token_ids)), positions, mask)[None]
             if self.adapter is not None:
                 hidden = self.adapter(hidden)
             return self._head(hidden)
+
+    def _rows(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Run the draft's layers over row inputs [T, E] into its cache; their outputs [T, E]."""
+        with torch.inference_mode():
+            hidden, _ = self.model.run_layers(inputs[None], positions, mask, self.cache)
+        return hidden[0]
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + head over [1, T, E] -> logits [T, V] (-inf outside ``vocab_ids``)."""

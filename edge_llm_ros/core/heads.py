@@ -117,12 +117,6 @@ class FeatureDrafter(ModelDrafter):
         self.known = end
         self.rows_of = self.rows_of[: start + 1]  # row i read f_i: rows from ``start`` on are stale
 
-    def _rows(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Run the head's layer over row inputs [T, E]; its outputs (predicted features) [T, E]."""
-        with torch.inference_mode():
-            hidden, _ = self.model.run_layers(inputs[None], positions, mask, self.cache)
-        return hidden[0]
-
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Rows 0..N-1 exact in the cache; returns the root's draft logits [V]."""
         n = len(context) - 1
