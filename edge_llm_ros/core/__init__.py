@@ -9,6 +9,7 @@ from .decoding import GenerationResult, generate, generate_all, update_alpha
 from .draft_models import Draft, DraftMismatchError, build_draft, load_draft, load_drafter, save_draft
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
 from .edge_cloud import (
+    EDGE_MODES,
     DraftError,
     DraftRequest,
     EarlyExitDrafter,
@@ -16,6 +17,7 @@ from .edge_cloud import (
     OutcomeSendQueue,
     PreDraftCache,
     RequestLimitError,
+    SpeculationMissed,
     VerifyOutcome,
     projected_speedup,
     run_edge_cloud,
@@ -58,6 +60,7 @@ __all__ = [
     "Drafter",
     "DraftError",
     "DraftRequest",
+    "EDGE_MODES",
     "EarlyExitDrafter",
     "EarlyExitVerifier",
     "ExitAdapter",
@@ -78,6 +81,7 @@ __all__ = [
     "TorchCausalLM",
     "TreeSpec",
     "Verification",
+    "SpeculationMissed",
     "VerifyOutcome",
     "causal_mask",
     "chat_prompt",

