@@ -1169,8 +1169,8 @@ class EarlyExitDrafter:
             if pre is not None:  # hit
                 self._hit(stats, pre)
                 tree = pre.tree
-            else:  # miss
-                stats.misses += 1
+            else:  # miss (plain SD has no pre-draft cache: nothing to count)
+                stats.misses += state.early_exits
                 tree, seconds = self.cache.draft_now(state.context, state.spec_for(state.context), state.sampler)
                 stats.critical_draft_s += seconds
             state.round += 1

@@ -3,15 +3,20 @@ its own process with SmolLM2, the shipped draft and exits, on the session's Zeno
 emulated link of config/edge_cloud.yaml (25 ms one-way each way: 50 ms RTT, 100 Mbit/s).
 
 The streamed text must be the target's plain greedy output (computed here with core generate_all,
-mode ar); a verifier killed mid-run must make the goal abort with a clear error within timeout_s.
+mode ar) in every edge mode, also when VerifyResults come twice, late or out of order; draft_node
+publishes per-request and periodic aggregate InferenceStats; an unknown goal mode aborts that goal
+only; a verifier killed mid-run must make the goal abort with a clear error within timeout_s.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
 import time
+from collections import defaultdict
+from typing import NamedTuple
 
 import pytest
 
@@ -22,6 +27,19 @@ MAX_NEW_TOKENS = 32
 TIMEOUT_S = 4.0  # draft_node's timeout_s in this test
 PARAMS = str(REPO / "config" / "edge_cloud.yaml")
 STATUS_SUCCEEDED, STATUS_ABORTED = 4, 6
+LONG = 64  # new tokens of the lossless test (the issue's size)
+LONG_PROMPTS = (*PROMPTS, "Explain how a robot vacuum cleaner maps a room.",  # greedy: 64 tokens, no EOS
+                "Give three tips for charging a battery safely.",
+                "What should a delivery robot do when a door is closed?")
+EOS_PROMPT = "List the steps to make a cup of tea."  # greedy ends with EOS after 40 tokens
+# Every prompt in ee (the node's default); each other mode on one of them.
+MODE_CASES = [("ee", p) for p in LONG_PROMPTS] + [(m, p) for m, p in zip(("ar", "sd", "tree", "fsd"), LONG_PROMPTS)]
+
+
+class Reference(NamedTuple):
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "eos" (the EOS token is the last of tokens) or "length"
 
 
 def node_cmd(module: str, *params: str) -> list[str]:
@@ -30,21 +48,40 @@ def node_cmd(module: str, *params: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """The target's plain greedy output for PROMPTS (token ids and text), in this process."""
+def target():
+    """SmolLM2 in this process, on one thread as the nodes run it."""
     import torch
 
-    from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all, load_model
+    from edge_llm_ros.core import load_model
 
     torch.set_num_threads(1)
-    target = load_model()
-    out = {}
-    for prompt in PROMPTS:
-        tokens = generate_all(target, chat_prompt(target.tokenizer, prompt),
-                              GenerationConfig(mode="ar", max_new_tokens=MAX_NEW_TOKENS)).tokens
-        out[prompt] = (tokens, target.tokenizer.decode(tokens, skip_special_tokens=True,
-                                                       clean_up_tokenization_spaces=False))
-    return out
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def greedy(target):
+    """greedy(prompt, max_new_tokens): the target's plain greedy output, computed here once per pair."""
+    from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all
+
+    done: dict[tuple[str, int], Reference] = {}
+
+    def run(prompt: str, max_new_tokens: int) -> Reference:
+        if (prompt, max_new_tokens) not in done:
+            tokens = generate_all(target, chat_prompt(target.tokenizer, prompt),
+                                  GenerationConfig(mode="ar", max_new_tokens=max_new_tokens)).tokens
+            text = target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            reason = "eos" if tokens and tokens[-1] == target.tokenizer.eos_token_id else "length"
+            assert reason == "eos" or len(tokens) == max_new_tokens
+            done[prompt, max_new_tokens] = Reference(tokens, text, reason)
+        return done[prompt, max_new_tokens]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(greedy):
+    """The target's plain greedy output for PROMPTS (token ids and text)."""
+    return {prompt: greedy(prompt, MAX_NEW_TOKENS)[:2] for prompt in PROMPTS}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +123,31 @@ def send(client, prompt: str, **goal):
     handle = client.send_goal_async(Generate.Goal(prompt=prompt, **goal), on_feedback).result(30)
     assert handle.accepted
     return handle, feedback, first
+
+
+def assert_greedy(response, feedback, ref: Reference) -> None:
+    """The goal succeeded and its result and streamed feedback are exactly ``ref``, finish reason included."""
+    assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
+    result = response.result
+    assert list(result.token_ids) == ref.tokens and result.text == ref.text
+    assert result.finish_reason == ref.finish_reason
+    wait_until(lambda: sum(len(f.token_ids) for f in feedback) >= len(ref.tokens), 20, "every feedback message")
+    assert [t for f in feedback for t in f.token_ids] == ref.tokens
+    assert "".join(f.text_delta for f in feedback) == ref.text
+
+
+def watch_request_ids(probe, prompt_ids: list[int]) -> tuple[list[str], object]:
+    """Subscribe to `draft`: the ids of requests whose round-0 DraftTree carries ``prompt_ids``
+    (the list fills as they start) and the subscription."""
+    from edge_llm_ros import runtime as rtf
+
+    ids: list[str] = []
+
+    def on_draft(msg) -> None:
+        if msg.round == 0 and list(msg.context_ids) == prompt_ids and msg.request_id not in ids:
+            ids.append(msg.request_id)
+
+    return ids, probe.create_subscription(rtf.message("edge_llm_ros/msg/DraftTree"), "draft", on_draft, 100)
 
 
 def test_launch_file_lists_both_nodes_and_the_links(router_endpoint):
@@ -197,6 +259,151 @@ def test_cancel_ends_the_goal_cancelled(nodes):
     response = handle.get_result_async().result(30)
     assert response.status == 5 and response.result.finish_reason == "cancelled"  # CANCELED
     assert 0 < len(response.result.token_ids) < 400
+
+
+@pytest.mark.parametrize("mode, prompt", MODE_CASES, ids=[f"{m}-{LONG_PROMPTS.index(p)}" for m, p in MODE_CASES])
+def test_every_mode_streams_the_target_greedy_output_64_tokens(nodes, greedy, mode, prompt):
+    """The issue's lossless check at full size: 64 new tokens, streamed and in the result, exactly
+    the target's greedy output; the request's stats printed for the CI log."""
+    _, _, _, client = nodes
+    ref = greedy(prompt, LONG)
+    start = time.monotonic()
+    handle, feedback, _ = send(client, prompt, mode=mode, max_new_tokens=LONG)
+    response = handle.get_result_async().result(240)
+    elapsed = time.monotonic() - start
+    assert_greedy(response, feedback, ref)
+    stats = response.result.stats
+    assert stats.mode == mode and stats.tokens == len(ref.tokens)
+    assert stats.tau >= 1.0 and 0.0 <= stats.cache_miss_rate <= 1.0
+    if mode == "ar":
+        assert stats.tau == pytest.approx(1.0)  # the verifier generates every token: one per round
+    if mode in ("ar", "sd", "tree"):
+        assert stats.avg_exit_layer == 0.0  # final outcomes only: no early exit is ever used
+    print(f"\n{mode} {prompt[:30]!r}: {len(ref.tokens)} tokens ({ref.finish_reason}) in {elapsed:.2f} s, "
+          f"tau {stats.tau:.2f}, miss rate {stats.cache_miss_rate:.2f}, avg exit of hits {stats.avg_exit_layer:.1f}")
+
+
+def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy, target):
+    """A probe on the wire repeats, for the live request, each final VerifyResult right after it
+    (duplicate), the previous round's final (stale) and the round's early outcomes (overtaken by
+    their final). The output stays the greedy one; draft_node logs what it ignored."""
+    from edge_llm_ros import runtime as rtf
+    from edge_llm_ros.core import chat_prompt
+
+    _, draft, probe, client = nodes
+    prompt = PROMPTS[0]
+    ids, draft_sub = watch_request_ids(probe, chat_prompt(target.tokenizer, prompt))
+    lock = threading.Lock()
+    early: dict[int, list] = defaultdict(list)  # round -> its early outcomes, as first seen
+    seen_early: set[tuple[int, int]] = set()  # (round, exit layer)
+    finals: dict[int, object] = {}  # round -> its final outcome, as first seen
+    injected = {"duplicate": 0, "stale": 0, "overtaken": 0}
+    sent_at: dict[int, int] = {}  # round -> messages the probe repeated on seeing its final
+    pub = probe.create_publisher(rtf.message("edge_llm_ros/msg/VerifyResult"), "verify", 100)
+
+    def on_verify(msg) -> None:
+        if not ids or msg.request_id != ids[0]:
+            return
+        with lock:  # what comes back of the probe's own messages is seen already, so never repeated
+            if not msg.final:
+                if (msg.round, msg.exit_layer) not in seen_early:
+                    seen_early.add((msg.round, msg.exit_layer))
+                    early[msg.round].append(msg)
+                return
+            if msg.round in finals:
+                return
+            finals[msg.round] = msg
+            previous, overtaken = finals.get(msg.round - 1), list(early[msg.round])
+        pub.publish(msg)
+        injected["duplicate"] += 1
+        if previous is not None:
+            pub.publish(previous)
+            injected["stale"] += 1
+        for outcome in overtaken:
+            pub.publish(outcome)
+        injected["overtaken"] += len(overtaken)
+        sent_at[msg.round] = 1 + (previous is not None) + len(overtaken)
+
+    verify_sub = probe.create_subscription(rtf.message("edge_llm_ros/msg/VerifyResult"), "verify", on_verify, 100)
+    try:
+        wait_until(lambda: probe.count_publishers("/edge_llm/verify") >= 2 and pub.wait_for_subscribers(1), 20,
+                   "the probe's verify publisher")
+        handle, feedback, _ = send(client, prompt, mode="ee")
+        response = handle.get_result_async().result(120)
+        assert_greedy(response, feedback, greedy(prompt, MAX_NEW_TOKENS))
+        assert len(ids) == 1, ids
+        line = draft.wait_for_line(f"request {ids[0]}: ignored ", 20)
+        found = re.search(r"ignored (\d+) VerifyResults \((.*)\)", line)
+        assert found, line
+        counts = {kind: int(n) for kind, n in (part.split() for part in found[2].split(", "))}
+        assert int(found[1]) == sum(counts.values()) > 0, line
+        assert set(counts) <= {"duplicate", "stale"}, line  # nothing invalid, no error outcome
+        # A repeated final is older than the round in flight when it is read (stale), and a request
+        # lasts at least one more round trip after every final but its last: all the probe repeated
+        # is counted but what came after the last final (a margin of one round for a slow probe).
+        last = max(sent_at)
+        assert counts.get("stale", 0) >= injected["duplicate"] + injected["stale"] - 4, (line, injected)
+        assert int(found[1]) >= sum(sent_at.values()) - sent_at[last] - sent_at.get(last - 1, 0), (line, sent_at)
+        print(f"\ninjected {injected} over {len(finals)} rounds; draft_node: {line.split(': ', 1)[-1]}")
+    finally:
+        verify_sub.destroy()
+        draft_sub.destroy()
+        pub.destroy()
+
+
+def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
+    """A goal whose greedy answer stops at EOS, in sd: the output ends with the EOS token, and
+    `stats` carries that request's InferenceStats, then (the next stats_period_s tick) the aggregate."""
+    from edge_llm_ros import runtime as rtf
+    from edge_llm_ros.core import chat_prompt
+
+    _, _, probe, client = nodes
+    ref = greedy(EOS_PROMPT, LONG)
+    assert ref.finish_reason == "eos" and len(ref.tokens) < LONG
+    ids, draft_sub = watch_request_ids(probe, chat_prompt(target.tokenizer, EOS_PROMPT))
+    received: list[tuple[float, object]] = []
+    stats_sub = probe.create_subscription(rtf.message("edge_llm_ros/msg/InferenceStats"), "stats",
+                                          lambda msg: received.append((time.monotonic(), msg)), 100)
+    try:
+        wait_until(lambda: probe.count_publishers("/edge_llm/stats") >= 1
+                   and probe.count_subscribers("/edge_llm/stats") >= 1, 20, "the stats endpoints")
+        handle, feedback, _ = send(client, EOS_PROMPT, mode="sd", max_new_tokens=LONG)
+        response = handle.get_result_async().result(240)
+        assert_greedy(response, feedback, ref)
+        assert len(ids) == 1, ids
+        own = wait_until(lambda: [(t, m) for t, m in received if m.request_id == ids[0]], 10,
+                         f"InferenceStats of request {ids[0]}")
+        assert len(own) == 1
+        at, mine = own[0]
+        # The aggregate of the requests ended since the last tick: after this request's own, only it.
+        aggregate = wait_until(lambda: [m for t, m in received if t >= at and m.request_id == "" and m.mode == "sd"],
+                               10, "the aggregate InferenceStats after the request")[0]
+        for msg in (mine, aggregate):
+            assert msg.node_name == "draft_node" and msg.mode == "sd"
+            assert msg.tokens == len(ref.tokens) and msg.tau >= 1.0 and msg.tokens_per_s > 0
+            assert 0.0 < msg.acceptance_rate <= 1.0 and msg.verify_time_s > 0
+        assert mine.tau == pytest.approx(response.result.stats.tau) and aggregate.tau == pytest.approx(mine.tau)
+        print(f"\nstats of {ids[0]}: {mine.tokens} tokens, tau {mine.tau:.2f}, {mine.tokens_per_s:.1f} tokens/s; "
+              f"aggregate: {aggregate.tokens} tokens, tau {aggregate.tau:.2f}")
+    finally:
+        stats_sub.destroy()
+        draft_sub.destroy()
+
+
+def test_unknown_mode_aborts_the_goal_and_the_next_goal_is_served(nodes, greedy):
+    from edge_llm_ros.core import EDGE_MODES
+
+    _, draft, _, client = nodes
+    handle, feedback, _ = send(client, PROMPTS[1], mode="llmcad")
+    response = handle.get_result_async().result(30)
+    assert response.status == STATUS_ABORTED
+    reason = response.result.finish_reason
+    assert reason.startswith("error: mode must be one of ar | sd | tree | fsd | ee") and "'llmcad'" in reason, reason
+    assert all(mode in reason for mode in EDGE_MODES)
+    assert len(response.result.token_ids) == 0 and not feedback
+    draft.wait_for_line("generate: mode must be one of", 10)
+    handle, feedback, _ = send(client, PROMPTS[1], max_new_tokens=8)
+    assert_greedy(handle.get_result_async().result(60), feedback, greedy(PROMPTS[1], 8))
 
 
 def test_killed_verifier_aborts_the_goal_with_a_clear_error(nodes):
