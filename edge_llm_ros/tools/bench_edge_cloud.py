@@ -1,0 +1,480 @@
+"""``edge-llm-ros bench --scenario edge-cloud``: cloud AR, edge-cloud SD and early exits over
+emulated links (EE, Table 6's columns).
+
+    edge-llm-ros bench --scenario edge-cloud --json ec.json          # RTT 10/50/120 ms x 20/100 Mbit/s
+    edge-llm-ros bench --scenario edge-cloud --rtt 50 --bandwidth 100 --modes ar,sd,ee --quick
+
+For each link setting a fresh deployment of ``launch/edge_cloud.launch.py`` runs: verifier_node and
+draft_node as two processes, one torch thread each, the link emulated in the runtime (one-way
+latency RTT/2 and the bandwidth each way; figures are labelled "emulated link"). This process is
+the robot's application: it sends Generate goals, each prompt in every mode in turn, and times
+each goal from sending to its result. Modes (draft_node's EDGE_MODES):
+
+    ar    cloud autoregressive: the prompt goes up, the verifier generates, every token comes down
+    sd    edge-cloud speculative decoding: γ drafted on the robot per round, final outcomes only
+    fsd   EE's fast SD (Algorithm 1): pre-drafts from early-exit outcomes, served when the final arrives
+    ee    fsd, and a pre-draft finished before its final goes up at once (verified if the final agrees)
+
+Reported per setting: latency per token of each mode, speedups AR→SD, SD→FSD, SD→EE, τ, cache
+miss rate r, average exit layer of the hits, the time split per round (draft on the critical
+path, verification on the server, the rest: link and queues), and EE Appendix B's projection
+(γc+1)/(rγc+1) with the measured c = T_p/T_q and r next to the measured SD→FSD. Every mode's
+tokens are compared with ``ar`` (the target's own greedy decoding): a mismatch makes the exit
+status 1. ``--png`` plots the speedups against RTT (needs matplotlib: the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from .generate import Parser, one_line
+from .loading import ToolError
+from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
+
+RTTS_MS = (10.0, 50.0, 120.0)
+BANDWIDTHS_MBPS = (20.0, 100.0)
+MODES = ("ar", "sd", "fsd", "ee")
+DEFAULT_PROMPTS = 3
+MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
+WARMUP_TOKENS = 8
+START_TIMEOUT_S = 300.0  # model loading of both nodes
+GOAL_TIMEOUT_S = 600.0
+STATUS_SUCCEEDED = 4
+LABEL = "emulated link"
+TARGETS = {"rtt_ms": 50.0, "sd_to_ee": 1.15, "ar_to_sd": 1.5, "max_cache_miss_rate": 0.40}
+
+
+# -- one deployment -------------------------------------------------------------------------------------
+
+
+class LineLog:
+    """A text stream for the launcher: keeps the last lines (for errors) and copies all to a file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.lines: deque[str] = deque(maxlen=200)
+        self._file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self.lines.extend(line for line in text.splitlines() if line)
+            if self._file is not None:
+                self._file.write(text)
+                self._file.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def tail(self, n: int = 15) -> str:
+        with self._lock:
+            return "\n".join(list(self.lines)[-n:])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class Deployment:
+    """launch/edge_cloud.launch.py with one link setting, run by the embedded launcher on a thread."""
+
+    def __init__(self, endpoint: str, rtt_ms: float, bandwidth_mbps: float, args: list[str], log: LineLog) -> None:
+        from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
+
+        one_way = rtt_ms / 2
+        plan = load_plan("edge_cloud")
+        apply_launch_args(plan, [
+            f"link_emulation.uplink.latency_ms:={one_way}", f"link_emulation.downlink.latency_ms:={one_way}",
+            f"link_emulation.uplink.bandwidth_mbps:={bandwidth_mbps}",
+            f"link_emulation.downlink.bandwidth_mbps:={bandwidth_mbps}", *args,
+        ])
+        self.log = log
+        self.launcher = Launcher(plan, router=endpoint, stdout=log, stderr=log, sigterm_timeout=10.0)
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="edge-cloud-launcher")
+
+    def _run(self) -> None:
+        self.code = self.launcher.run()
+
+    def __enter__(self) -> Deployment:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.launcher.stop()
+        self.thread.join(60)
+
+    def check_alive(self) -> None:
+        if not self.thread.is_alive():
+            raise ToolError(f"the edge-cloud deployment stopped (exit {self.code}); its last lines:\n{self.log.tail()}")
+
+
+class Client:
+    """This process as the robot's application: a node with a Generate action client."""
+
+    def __init__(self) -> None:
+        from edge_llm_ros.runtime import action
+        from edge_llm_ros.runtime.actions import ActionClient
+        from edge_llm_ros.runtime.cli import Session
+
+        self.session = Session()
+        self.node = self.session.node
+        self.Generate = action("edge_llm_ros/action/Generate")
+        self.client = ActionClient(self.node, self.Generate, "/edge_llm/generate", call_timeout=30.0)
+
+    def wait_ready(self, deployment: Deployment, timeout: float) -> None:
+        """Until the action server answers and both nodes subscribe to each other's topic."""
+        deadline = time.monotonic() + timeout
+        while not (self.client.server_is_ready() and self.node.count_subscribers("/edge_llm/draft") >= 1
+                   and self.node.count_subscribers("/edge_llm/verify") >= 1):
+            deployment.check_alive()
+            if time.monotonic() > deadline:
+                raise ToolError(f"the edge-cloud nodes were not ready within {timeout:g} s; their last lines:\n"
+                                f"{deployment.log.tail()}")
+            time.sleep(0.2)
+
+    def generate(self, prompt: str, mode: str, max_new_tokens: int) -> Goal:
+        goal = self.Generate.Goal(prompt=prompt, mode=mode, max_new_tokens=max_new_tokens)
+        start = time.perf_counter()
+        handle = self.client.send_goal_async(goal).result(30.0)
+        if not handle.accepted:
+            raise ToolError(f"draft_node rejected a {mode} goal")
+        response = handle.get_result_async().result(GOAL_TIMEOUT_S)
+        wall = time.perf_counter() - start
+        result = response.result
+        if response.status != STATUS_SUCCEEDED:
+            raise ToolError(f"{mode} goal ended with status {response.status}: {result.finish_reason}")
+        return Goal(list(result.token_ids), wall, result.stats)
+
+    def close(self) -> None:
+        self.client.destroy()
+        self.session.close()
+
+
+@dataclass
+class Goal:
+    tokens: list[int]
+    wall_s: float
+    stats: object  # InferenceStats
+
+
+# -- the measurement ------------------------------------------------------------------------------------
+
+
+def summarize(goals: list[Goal], gamma: int) -> dict:
+    """One mode over the prompts: latency per token and EE Table 6's columns, the time split per round."""
+    tokens = sum(len(g.tokens) for g in goals)
+    wall = sum(g.wall_s for g in goals)
+    rounds = sum(len(g.tokens) / g.stats.tau for g in goals if g.stats.tau > 0)
+    draft = sum(g.stats.draft_time_s for g in goals)
+    verify = sum(g.stats.verify_time_s for g in goals)
+    hit_rounds = [(g.stats.avg_exit_layer, len(g.tokens) / g.stats.tau * (1 - g.stats.cache_miss_rate))
+                  for g in goals if g.stats.tau > 0 and g.stats.avg_exit_layer > 0]
+    weight = sum(w for _, w in hit_rounds)
+    miss = [(g.stats.cache_miss_rate, len(g.tokens) / g.stats.tau) for g in goals if g.stats.tau > 0]
+    per_round = (lambda seconds: 1000 * seconds / rounds) if rounds else (lambda _: None)
+    return {
+        "ms_per_token": 1000 * wall / tokens if tokens else None,
+        "tokens": tokens,
+        "wall_s": wall,
+        "ttft_ms": 1000 * sum(g.stats.ttft_s for g in goals) / len(goals),
+        "tau": tokens / rounds if rounds else None,
+        "rounds": rounds,
+        "cache_miss_rate": sum(r * n for r, n in miss) / sum(n for _, n in miss) if miss else None,
+        "avg_exit": sum(layer * w for layer, w in hit_rounds) / weight if weight else None,
+        "draft_ms_per_round": per_round(draft),  # drafting on the critical path (robot)
+        "verify_ms_per_round": per_round(verify),  # the verifier's own time (server)
+        "link_ms_per_round": per_round(wall - draft - verify),  # the rest: link, queues, messages
+        "draft_ms_per_token_drafted": 1000 * draft / (rounds * gamma) if rounds and gamma else None,
+    }
+
+
+def appendix_b(modes: dict, gamma: int) -> dict | None:
+    """EE Appendix B: speedup of fsd over sd = (γc+1)/(rγc+1), c = T_p/T_q from sd, r from fsd."""
+    from edge_llm_ros.core import projected_speedup
+
+    sd, fsd = modes.get("sd"), modes.get("fsd") or modes.get("ee")
+    if not sd or not fsd or not sd.get("verify_ms_per_round") or fsd.get("cache_miss_rate") is None:
+        return None
+    c = sd["draft_ms_per_token_drafted"] / sd["verify_ms_per_round"]
+    r = fsd["cache_miss_rate"]
+    out = {"gamma": gamma, "c": c, "r": r, "projected_sd_to_fsd": projected_speedup(gamma, c, r)}
+    if "fsd" in modes:
+        out["measured_sd_to_fsd"] = sd["ms_per_token"] / modes["fsd"]["ms_per_token"]
+    # EE Table 4 with the measured T_q, T_p and T_c (one-way link + messages: half of the rest per round)
+    t_q, t_p, t_c = sd["verify_ms_per_round"], sd["draft_ms_per_token_drafted"], sd["link_ms_per_round"] / 2
+    if sd.get("tau"):
+        out["table4_sd_ms_per_token"] = (2 * t_c + gamma * t_p + t_q) / sd["tau"]
+        out["table4_fsd_ms_per_token"] = (2 * t_c + r * gamma * t_p + t_q) / sd["tau"]  # T_r taken as 0
+    return out
+
+
+def speedups(modes: dict) -> dict:
+    def ratio(a: str, b: str) -> float | None:
+        if a in modes and b in modes and modes[b]["ms_per_token"]:
+            return modes[a]["ms_per_token"] / modes[b]["ms_per_token"]
+        return None
+
+    pairs = {"ar_to_sd": ("ar", "sd"), "sd_to_fsd": ("sd", "fsd"), "sd_to_ee": ("sd", "ee"), "ar_to_ee": ("ar", "ee"),
+             "fsd_to_ee": ("fsd", "ee")}
+    return {name: ratio(a, b) for name, (a, b) in pairs.items()}
+
+
+def run_setting(client: Client, deployment: Deployment, prompts: list[BenchPrompt], modes: list[str],
+                max_new_tokens: int, gamma: int, progress) -> dict:
+    client.wait_ready(deployment, START_TIMEOUT_S)
+    for mode in modes:  # warm-up, untimed: first-call costs of each path
+        client.generate(prompts[0].text, mode, WARMUP_TOKENS)
+    goals: dict[str, list[Goal]] = {m: [] for m in modes}
+    for prompt in prompts:
+        for mode in modes:  # interleaved, so load from elsewhere hits every mode alike
+            goals[mode].append(client.generate(prompt.text, mode, max_new_tokens))
+            progress.update(1)
+    reference = goals.get("ar")
+    mismatches = []
+    for mode, runs in goals.items():
+        for prompt, run, ref in zip(prompts, runs, reference or runs):
+            if run.tokens != ref.tokens:
+                mismatches.append({"mode": mode, "prompt": prompt.name})
+    out = {m: summarize(goals[m], gamma if m != "ar" else 0) for m in modes}
+    return {**out, "speedup": speedups(out), "appendix_b": appendix_b(out, gamma),
+            "lossless": not mismatches if reference else None, "mismatches": mismatches}
+
+
+def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[BenchPrompt], modes: list[str],
+                 max_new_tokens: int, gamma: int, draft: str, log_path: Path | None, progress: bool,
+                 launch_args: list[str] = ()) -> dict:
+    from tqdm import tqdm
+
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
+
+    endpoint = free_endpoint()
+    os.environ[ENDPOINT_ENV] = endpoint  # this process's session and the nodes meet at this router
+    stop_router, router_ready = threading.Event(), threading.Event()
+    router = threading.Thread(target=serve, args=(endpoint, router_ready, stop_router), daemon=True,
+                              name="edge-cloud-router")
+    router.start()
+    if not router_ready.wait(20):
+        raise ToolError(f"could not start a zenoh router at {endpoint}")
+    log = LineLog(log_path)
+    settings = [(rtt, bw) for rtt in rtts for bw in bandwidths]
+    node_args = ["threads:=1", f"gamma:={gamma}", "timeout_s:=120.0", "stats_period_s:=0.0"]
+    if draft:
+        node_args.append(f"draft:={draft}")
+    node_args += launch_args
+    runs, client = [], Client()
+    started = time.perf_counter()
+    try:
+        with tqdm(total=len(settings) * len(prompts) * len(modes), desc="edge-cloud", unit="goal", file=sys.stderr,
+                  disable=not progress, dynamic_ncols=True) as bar:
+            for rtt, bw in settings:
+                bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s")
+                with Deployment(endpoint, rtt, bw, node_args, log) as deployment:
+                    run = run_setting(client, deployment, prompts, modes, max_new_tokens, gamma, bar)
+                runs.append({"rtt_ms": rtt, "bandwidth_mbps": bw, **run})
+    finally:
+        client.close()
+        log.close()
+        stop_router.set()
+    return {
+        "scenario": "edge-cloud",
+        "label": LABEL,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "deployment": {"launch": "edge_cloud", "processes": ["verifier_node", "draft_node"], "torch_threads": 1,
+                       "draft": draft or "shipped", "exits": "shipped", "gamma": gamma,
+                       "launch_arguments": node_args},
+        "max_new_tokens": max_new_tokens,
+        "prompts": [{"name": p.name, "text": p.text} for p in prompts],
+        "modes": modes,
+        "targets": TARGETS,
+        "wall_s": time.perf_counter() - started,
+        "runs": runs,
+        "lossless": all(r["lossless"] is not False for r in runs),
+        "notes": [
+            f"latency: {LABEL} (one-way delay RTT/2 and a token bucket each way, applied by the runtime to real "
+            "messages between the two processes); both processes share this machine's cores",
+            "ms_per_token = goal wall time (sent -> result, prefill included) / generated tokens, over all prompts",
+            "draft = drafting on the robot's critical path; verify = the verifier's own time; link = the rest",
+            "appendix_b: c = T_p / T_q with T_p per drafted token and T_q per verification (both from sd); "
+            "r from fsd (ee when fsd is not run)",
+        ],
+    }
+
+
+# -- output -------------------------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(report: dict) -> str:
+    modes = report["modes"]
+    lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, gamma "
+             f"{report['deployment']['gamma']}, {len(report['prompts'])} prompts x {report['max_new_tokens']} tokens"]
+    head = f"{'RTT ms':>7}{'Mbit/s':>8}" + "".join(f"{m + ' ms/tok':>13}" for m in modes)
+    head += f"{'AR>SD':>7}{'SD>FSD':>8}{'SD>EE':>7}{'AR>EE':>7}{'tau':>6}{'miss':>6}{'exit':>6}{'B-model':>8}  lossless"
+    lines.append(head)
+    for run in report["runs"]:
+        s, b = run["speedup"], run["appendix_b"] or {}
+        ee = run.get("ee") or run.get("fsd") or {}
+        row = f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}"
+        row += "".join(f"{_fmt(run[m]['ms_per_token'], '.1f'):>13}" for m in modes)
+        row += (f"{_fmt(s['ar_to_sd'], '.2f'):>7}{_fmt(s['sd_to_fsd'], '.2f'):>8}{_fmt(s['sd_to_ee'], '.2f'):>7}"
+                f"{_fmt(s['ar_to_ee'], '.2f'):>7}{_fmt(ee.get('tau'), '.2f'):>6}"
+                f"{_fmt(ee.get('cache_miss_rate'), '.2f'):>6}{_fmt(ee.get('avg_exit'), '.1f'):>6}"
+                f"{_fmt(b.get('projected_sd_to_fsd'), '.2f'):>8}  {({True: 'yes', False: 'NO', None: '-'})[run['lossless']]}")
+        lines.append(row)
+    lines.append("")
+    lines.append("time per round (ms): draft on the critical path / verify on the server / link and queues")
+    for run in report["runs"]:
+        parts = [f"{m} {_fmt(run[m]['draft_ms_per_round'], '.0f')}/{_fmt(run[m]['verify_ms_per_round'], '.0f')}/"
+                 f"{_fmt(run[m]['link_ms_per_round'], '.0f')}" for m in modes]
+        lines.append(f"  RTT {run['rtt_ms']:g} ms, {run['bandwidth_mbps']:g} Mbit/s: " + "   ".join(parts))
+    lines.append("B-model: EE Appendix B, (gamma c + 1) / (r gamma c + 1) with c and r measured in that row "
+                 "(compare with SD>FSD)")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Speedups against RTT, one line per ratio and bandwidth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {bw: style for bw, style in zip(sorted({r["bandwidth_mbps"] for r in report["runs"]}, reverse=True),
+                                             ("-", "--", ":", "-."))}
+    for key, label, color in (("ar_to_sd", "AR → SD", "tab:blue"), ("sd_to_fsd", "SD → FSD (EE Alg. 1)", "tab:orange"),
+                              ("sd_to_ee", "SD → EE (pre-drafts sent ahead)", "tab:green"),
+                              ("ar_to_ee", "AR → EE", "tab:red")):
+        for bw, style in styles.items():
+            points = [(r["rtt_ms"], r["speedup"][key]) for r in report["runs"]
+                      if r["bandwidth_mbps"] == bw and r["speedup"].get(key) is not None]
+            if points:
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, style, marker="o", color=color, label=f"{label}, {bw:g} Mbit/s")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("round-trip time, ms (emulated link)")
+    ax.set_ylabel("speedup (latency per token ratio)")
+    ax.set_title(f"edge-cloud decoding, SmolLM2-135M, {LABEL}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- command line -------------------------------------------------------------------------------------
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ToolError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ToolError(f"{flag} takes numbers >= 0, got {text!r}")
+    return values
+
+
+def check_launch_args(items: list[str]) -> None:
+    """--set values are launch arguments the edge_cloud launch file knows (checked before anything starts)."""
+    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan
+
+    try:
+        apply_launch_args(load_plan("edge_cloud"), items)
+    except LaunchError as exc:
+        raise ToolError(f"--set: {exc}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="edge-llm-ros bench --scenario edge-cloud",
+               description="Cloud AR vs edge-cloud SD vs early exits over emulated links (two node processes).")
+    p.add_argument("--scenario", choices=["edge-cloud"], default="edge-cloud", help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="plot speedup vs RTT (default: next to --json, .png; needs matplotlib)")
+    p.add_argument("--log", default=None, metavar="FILE", help="the nodes' output (default: next to --json, .log)")
+    p.add_argument("--rtt", default=",".join(f"{v:g}" for v in RTTS_MS), help="round-trip times in ms")
+    p.add_argument("--bandwidth", default=",".join(f"{v:g}" for v in BANDWIDTHS_MBPS), help="link rates in Mbit/s")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)} (and tree)")
+    p.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help=f"how many bench prompts (1-{len(BENCH_PROMPTS)})")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"new tokens per prompt (default {MAX_NEW_TOKENS})")
+    p.add_argument("--gamma", type=int, default=4, help="drafted tokens per round (EE uses 4)")
+    p.add_argument("--draft", default="", metavar="SPEC", help="draft_node's draft ('' = the shipped draft)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
+                   help="a launch argument for the deployment (repeatable), e.g. min_confidence:=0.3 or "
+                        "exit_layers:=16,24")
+    p.add_argument("--quick", action="store_true", help=f"one short prompt, {QUICK_MAX_NEW_TOKENS} tokens")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = build_parser().parse_args(argv)
+        rtts, bandwidths = _numbers(args.rtt, "--rtt"), _numbers(args.bandwidth, "--bandwidth")
+        if any(b == 0 for b in bandwidths):
+            raise ToolError("--bandwidth must be > 0 Mbit/s")
+        modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))
+        unknown = [m for m in modes if m not in (*MODES, "tree")]
+        if not modes or unknown:
+            raise ToolError(f"--modes: expected a subset of {','.join(MODES)},tree; got {args.modes!r}")
+        if not 1 <= args.prompts <= len(BENCH_PROMPTS):
+            raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)}, got {args.prompts}")
+        if args.gamma < 1:
+            raise ToolError(f"--gamma must be >= 1, got {args.gamma}")
+        max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
+        if max_new <= 0:
+            raise ToolError(f"--max-new-tokens must be > 0, got {max_new}")
+        json_path = Path(args.json) if args.json else None
+        png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
+        log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
+        for path in (json_path, png, log):
+            if path is not None and not path.resolve().parent.is_dir():
+                raise ToolError(f"folder {path.parent} does not exist")
+        prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
+        check_launch_args(args.set)
+        report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
+                              progress=not args.no_progress, launch_args=args.set)
+    except ToolError as exc:
+        text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
+        print(f"error: {text}", file=err, flush=True)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    print(format_table(report), file=out, flush=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {json_path}", file=err, flush=True)
+    if png is not None:
+        try:
+            plot(report, png)
+            print(f"wrote {png}", file=err, flush=True)
+        except ImportError:
+            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
+    for mm in (m for run in report["runs"] for m in run["mismatches"]):
+        print(f"LOSSLESS FAILURE: {mm['mode']} differs from ar on prompt {mm['prompt']}", file=err, flush=True)
+    return 0 if report["lossless"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""`edge-llm-ros bench --scenario edge-cloud`: the report's arithmetic on made-up goals, bad input, and one
+real run (two node processes over an emulated 50 ms link, one short prompt) through the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from edge_llm_ros.core import projected_speedup
+from edge_llm_ros.tools import bench, bench_edge_cloud as ec
+
+from support import REPO
+
+
+def goal(tokens: int, wall_s: float, tau: float, draft_s: float = 0.0, verify_s: float = 0.0, miss: float = 0.0,
+         exit_layer: float = 0.0):
+    stats = SimpleNamespace(tau=tau, draft_time_s=draft_s, verify_time_s=verify_s, cache_miss_rate=miss,
+                            avg_exit_layer=exit_layer, ttft_s=0.1)
+    return ec.Goal(list(range(tokens)), wall_s, stats)
+
+
+def test_summary_splits_each_round_and_appendix_b_uses_the_measured_c_and_r():
+    # sd: 2 prompts x 30 tokens at tau 1.5 -> 40 rounds; 4 s drafting, 4 s verifying, 12 s wall
+    sd = ec.summarize([goal(30, 6.0, 1.5, 2.0, 2.0), goal(30, 6.0, 1.5, 2.0, 2.0)], gamma=4)
+    assert sd["ms_per_token"] == pytest.approx(200.0) and sd["rounds"] == pytest.approx(40)
+    assert sd["tau"] == pytest.approx(1.5)
+    assert sd["draft_ms_per_round"] == pytest.approx(100.0) and sd["verify_ms_per_round"] == pytest.approx(100.0)
+    assert sd["link_ms_per_round"] == pytest.approx(100.0)
+    assert sd["draft_ms_per_token_drafted"] == pytest.approx(25.0)
+    # fsd: miss rate 0.25 and 0.75 over 20 rounds each -> 0.5; exits 24 (15 hit rounds) and 8 (5 hit rounds)
+    fsd = ec.summarize([goal(30, 4.0, 1.5, miss=0.25, exit_layer=24), goal(30, 4.0, 1.5, miss=0.75, exit_layer=8)], 4)
+    assert fsd["cache_miss_rate"] == pytest.approx(0.5) and fsd["avg_exit"] == pytest.approx(20.0)
+    ar = ec.summarize([goal(60, 9.0, 1.0)], gamma=0)
+    assert ar["draft_ms_per_token_drafted"] is None and ar["avg_exit"] is None
+    modes = {"ar": ar, "sd": sd, "fsd": fsd}
+    s = ec.speedups(modes)
+    assert s["ar_to_sd"] == pytest.approx(150 / 200) and s["sd_to_fsd"] == pytest.approx(200 / (8000 / 60))
+    assert s["sd_to_ee"] is None
+    b = ec.appendix_b(modes, gamma=4)
+    assert b["c"] == pytest.approx(0.25) and b["r"] == pytest.approx(0.5)
+    assert b["projected_sd_to_fsd"] == pytest.approx(projected_speedup(4, 0.25, 0.5)) == pytest.approx(2 / 1.5)
+    assert b["measured_sd_to_fsd"] == pytest.approx(s["sd_to_fsd"])
+    assert b["table4_sd_ms_per_token"] == pytest.approx((100 + 100 + 100) / 1.5)  # 2 T_c + gamma T_p + T_q
+
+
+def test_table_and_plot(tmp_path):
+    sd = ec.summarize([goal(30, 6.0, 1.5, 2.0, 2.0)], 4)
+    ee = ec.summarize([goal(30, 4.0, 1.8, 1.0, 2.0, miss=0.3, exit_layer=20)], 4)
+    ar = ec.summarize([goal(30, 3.0, 1.0)], 0)
+    runs = []
+    for rtt in (10.0, 50.0):
+        modes = {"ar": ar, "sd": sd, "ee": ee}
+        runs.append({"rtt_ms": rtt, "bandwidth_mbps": 100.0, **modes, "speedup": ec.speedups(modes),
+                     "appendix_b": ec.appendix_b(modes, 4), "lossless": True, "mismatches": []})
+    report = {"label": ec.LABEL, "deployment": {"gamma": 4}, "prompts": [{}], "max_new_tokens": 30,
+              "modes": ["ar", "sd", "ee"], "runs": runs}
+    table = ec.format_table(report)
+    assert "emulated link" in table.splitlines()[0]
+    row = next(line for line in table.splitlines() if line.split()[:2] == ["50", "100"])
+    assert row.split()[2:5] == ["100.0", "200.0", "133.3"] and row.rstrip().endswith("yes")
+    png = tmp_path / "s.png"
+    ec.plot(report, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rtt", "ten"], "--rtt takes comma-separated numbers"),
+    (["--bandwidth", "0"], "--bandwidth must be > 0"),
+    (["--modes", "ar,beam"], "--modes: expected a subset"),
+    (["--prompts", "9"], "--prompts must be in 1..6"),
+    (["--json", "/no/such/folder/x.json"], "does not exist"),
+    (["--set", "foo:=1"], "--set: unknown launch argument 'foo'"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(argv, message):
+    out, err = io.StringIO(), io.StringIO()
+    code = bench.main(["--scenario", "edge-cloud", *argv], out=out, err=err)
+    assert code == 2 and out.getvalue() == ""
+    assert len(err.getvalue().splitlines()) == 1 and message in err.getvalue(), err.getvalue()
+
+
+def test_quick_run_over_two_processes_writes_json_and_png(tmp_path):
+    """The real thing, small: SmolLM2 in draft_node and verifier_node, RTT 50 ms, one prompt x 16 tokens."""
+    path = tmp_path / "ec.json"
+    proc = subprocess.run([sys.executable, "-m", "edge_llm_ros.tools.bench", "--scenario", "edge-cloud", "--quick",
+                           "--rtt", "50", "--bandwidth", "100", "--json", str(path), "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(path.read_text())
+    assert report["scenario"] == "edge-cloud" and report["label"] == "emulated link" and report["lossless"] is True
+    [run] = report["runs"]
+    assert run["rtt_ms"] == 50 and run["bandwidth_mbps"] == 100 and run["lossless"] is True
+    for mode in ("ar", "sd", "fsd", "ee"):
+        assert run[mode]["ms_per_token"] > 0 and run[mode]["tokens"] == 16, mode
+    assert run["ar"]["tau"] == pytest.approx(1.0) and run["sd"]["tau"] >= 1.0
+    assert 0.0 <= run["ee"]["cache_miss_rate"] <= 1.0 and run["ee"]["tau"] >= 1.0
+    assert run["speedup"]["ar_to_sd"] > 0 and run["appendix_b"]["c"] > 0
+    assert (tmp_path / "ec.png").read_bytes()[:4] == b"\x89PNG"
+    assert "verifying /edge_llm/draft" in (tmp_path / "ec.log").read_text()  # the nodes' output is kept
+    print("\n" + proc.stdout)
