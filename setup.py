@@ -32,6 +32,7 @@ setup(
         "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
         "vlm": ["qwen-vl-utils>=0.0.10", "opencv-python-headless>=4.8", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
+        "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
         "test": ["pytest>=8", "pytest-timeout>=2"],
     },
     data_files=[

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .models import TorchCausalLM
+from .models import CausalLM, TorchCausalLM
 from .sampling import Sampler
 from .tree import TokenTree, Verification
 
@@ -104,7 +104,7 @@ class ModelDrafter:
 
     def __init__(
         self,
-        model: TorchCausalLM,
+        model: TorchCausalLM | CausalLM,
         vocab_ids: torch.Tensor | None = None,
         adapter: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
@@ -126,6 +126,8 @@ class ModelDrafter:
 
     def _logits(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Run the draft over new rows; logits [T, V] (-inf outside ``vocab_ids``)."""
+        if not hasattr(self.model, "run_layers"):  # a backend that gives logits only (llama.cpp)
+            return self.model.forward(torch.tensor(token_ids), positions, mask, self.cache)
         with torch.inference_mode():
             hidden = self._rows(self.model.embed(torch.tensor(token_ids)), positions, mask)[None]
             if self.adapter is not None:
