@@ -37,8 +37,8 @@ from .models import _model_path, load_tokenizer
 
 DEFAULT_CONTEXT = 2048
 # Flash attention off: with it (llama.cpp's default "auto" turns it on for CPU), a row decoded after
-# keep() freed a rejected branch's cells got logits off by up to 0.6 (measured with 0.3.36); without
-# it they equal a plain decode of the path exactly.
+# cells in the middle of the cache were freed (a rejected tree branch) got logits off by up to 0.6
+# (measured with 0.3.36); without it the same row equalled a plain decode of its path.
 FLASH_ATTN = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
