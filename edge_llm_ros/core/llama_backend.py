@@ -8,9 +8,12 @@ the prefix and an accepted chain and its ``truncate`` become ``llama_memory_seq_
 tail.
 
 Token trees (``tree``, ``llmcad``) are refused (``verifies_trees = False``): a tree's branches
-need one llama.cpp sequence each, and with llama-cpp-python 0.3.36 a branch decoded after a
-sibling branch got logits up to 0.5 away from a plain decode of the same path (also in separate
-decode calls, with flash attention off), so verification would not be exact. See README.
+need one llama.cpp sequence each. In a unified KV cache (llama-cpp-python 0.3.36), a sequence
+decoded after another one that holds different tokens at the same positions got logits up to
+0.5 away from a plain decode of its path, from the first such position on (also in separate
+decode calls, flash attention off); with one KV stream per sequence (``kv_unified = false``) it
+was exact, but then every branch is a stream of its own that ``seq_cp`` copies whole. With a
+4-row verification costing 2.8 single steps here, trees would not pay on this CPU anyway.
 
 Exactness needs llama.cpp built with ``GGML_LLAMAFILE=OFF`` (``make install`` does): with the
 llamafile kernels a one-row batch and a multi-row batch give different logits for the same
