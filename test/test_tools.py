@@ -332,3 +332,36 @@ def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
         assert modes[name]["speedup_vs_llama_cpp_ar"] > 0
     assert modes["sd_llama_cpp"]["tau"] > 1.0 and modes[bench.LLAMA_CPP_AR]["speedup_vs_llama_cpp_ar"] == 1.0
     assert any(line.startswith("llama_cpp_ar ") for line in out.splitlines())
+
+
+# -- plan --device --------------------------------------------------------------------------------
+
+
+def test_plan_picks_the_fastest_predicted_candidate_and_ar_when_speculation_cannot_win():
+    from edge_llm_ros.tools import plan
+
+    flat = {n: 10.0 for n in range(1, 9)}  # verification as cheap as a step: sd at high tau wins
+    steep = {n: 10.0 * n for n in range(1, 9)}  # every row costs a step: nothing beats ar
+    tau = {1: 1.8, 2: 2.4, 3: 2.7}
+    won = plan.choose({"torch": flat}, tau, draft_ms=1.0)["choice"]
+    assert (won["mode"], won["gamma"]) == ("sd", 3) and won["tokens_per_s"] == pytest.approx(1000 * 2.7 / 13)
+    lost = plan.choose({"torch": flat, "llama.cpp": steep}, tau, draft_ms=5.0)
+    assert lost["choice"]["mode"] == "sd" and lost["choice"]["backend"] == "torch"
+    only_steep = plan.choose({"llama.cpp": steep}, tau, draft_ms=5.0)["choice"]
+    assert (only_steep["mode"], only_steep["backend"]) == ("ar", "llama.cpp")
+    assert plan.choose({"torch": flat}, tau, draft_ms=None)["choice"]["mode"] == "ar"  # no draft: ar
+
+
+def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
+    from edge_llm_ros.tools import plan
+
+    path = tmp_path / "plan.json"
+    code, out, err = run_main(plan.main, ["--device", "--quick", "--threads", "1", "--out", str(path)])
+    assert code == 0, err
+    saved = json.loads(path.read_text())
+    assert set(saved["row_costs_ms"]) == {"torch", "llama.cpp"}
+    assert all(len(c) == plan.MAX_ROWS and min(c.values()) > 0 for c in saved["row_costs_ms"].values())
+    assert saved["choice"] == max(saved["candidates"], key=lambda c: c["tokens_per_s"])
+    assert set(saved["tau"]) == {str(g) for g in range(1, plan.MAX_GAMMA + 1)}
+    assert all(t >= 1.0 for t in saved["tau"].values()) and saved["draft"]["ms_per_token"] > 0
+    assert out.rstrip().splitlines()[-1].startswith("plan: mode ")
