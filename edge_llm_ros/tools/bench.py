@@ -453,7 +453,11 @@ def _version(module: str) -> str:
 # -- output -------------------------------------------------------------------------------------
 
 
-def _fmt(value, spec: str, scale: float = 1.0) -> str:
+LOSSLESS_MARK = {True: "yes", False: "NO", None: "-"}  # a report's lossless flag, as a table shows it
+
+
+def fmt_value(value, spec: str, scale: float = 1.0) -> str:
+    """``value`` (times ``scale``) formatted with ``spec``; "-" for a value not measured (None)."""
     return "-" if value is None else format(value * scale, spec)
 
 
@@ -468,7 +472,7 @@ def format_table(report: dict) -> str:
         f"model {report['model']}  draft {report['draft']['spec'] if report['draft'] else '-'}  "
         f"max_new_tokens {report['max_new_tokens']}  prompts {len(report['prompts'])}  "
         f"cpus {m['cpu_count']}  torch threads {m['torch_threads']}  "
-        f"other processes {_fmt(m['other_processes_cores'], '.2f')} cores"
+        f"other processes {fmt_value(m['other_processes_cores'], '.2f')} cores"
     )
     header = (f"{'mode':<16}{'tok/s':>8}{'x' + '{base}':>12}{'xhf_assist':>11}{'xllama_ar':>10}{'tau':>7}{'accept':>8}"
               f"{'ttft_ms':>9}{'draft_s':>9}{'verify_s':>9}{'other_s':>9}{'tokens':>8}  lossless")
@@ -480,14 +484,14 @@ def format_table(report: dict) -> str:
             if e.get("skipped"):
                 lines.append(f"{name:<16}skipped: {e['skipped']}")
                 continue
-            lossless = {True: "yes", False: "NO", None: "-"}[e["lossless"]]
+            lossless = LOSSLESS_MARK[e["lossless"]]
             lines.append(
-                f"{name:<16}{_fmt(e['tokens_per_s'], '.1f'):>8}{_fmt(e[f'speedup_vs_{base}'], '.2f'):>12}"
-                f"{_fmt(e['speedup_vs_hf_assisted'], '.2f'):>11}{_fmt(e.get('speedup_vs_' + LLAMA_CPP_AR), '.2f'):>10}"
-                f"{_fmt(e['tau'], '.2f'):>7}"
-                f"{_fmt(e['acceptance_rate'], '.2f'):>8}{_fmt(e['ttft_s'], '.0f', 1000):>9}"
-                f"{_fmt(e['draft_time_s'], '.2f'):>9}{_fmt(e['verify_time_s'], '.2f'):>9}"
-                f"{_fmt(e['other_time_s'], '.2f'):>9}{e['new_tokens']:>8}  {lossless}"
+                f"{name:<16}{fmt_value(e['tokens_per_s'], '.1f'):>8}{fmt_value(e[f'speedup_vs_{base}'], '.2f'):>12}"
+                f"{fmt_value(e['speedup_vs_hf_assisted'], '.2f'):>11}{fmt_value(e.get('speedup_vs_' + LLAMA_CPP_AR), '.2f'):>10}"
+                f"{fmt_value(e['tau'], '.2f'):>7}"
+                f"{fmt_value(e['acceptance_rate'], '.2f'):>8}{fmt_value(e['ttft_s'], '.0f', 1000):>9}"
+                f"{fmt_value(e['draft_time_s'], '.2f'):>9}{fmt_value(e['verify_time_s'], '.2f'):>9}"
+                f"{fmt_value(e['other_time_s'], '.2f'):>9}{e['new_tokens']:>8}  {lossless}"
             )
     if report.get("hf_assisted"):
         lines.append("")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from .bench import LOSSLESS_MARK, fmt_value
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -319,10 +320,6 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
 # -- output -------------------------------------------------------------------------------------------
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_table(report: dict) -> str:
     modes = report["modes"]
     lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, gamma "
@@ -334,17 +331,17 @@ def format_table(report: dict) -> str:
         s, b = run["speedup"], run["appendix_b"] or {}
         ee = run.get("ee") or run.get("fsd") or {}
         row = f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}"
-        row += "".join(f"{_fmt(run[m]['ms_per_token'], '.1f'):>13}" for m in modes)
-        row += (f"{_fmt(s['ar_to_sd'], '.2f'):>7}{_fmt(s['sd_to_fsd'], '.2f'):>8}{_fmt(s['sd_to_ee'], '.2f'):>7}"
-                f"{_fmt(s['ar_to_ee'], '.2f'):>7}{_fmt(ee.get('tau'), '.2f'):>6}"
-                f"{_fmt(ee.get('cache_miss_rate'), '.2f'):>6}{_fmt(ee.get('avg_exit'), '.1f'):>6}"
-                f"{_fmt(b.get('projected_sd_to_fsd'), '.2f'):>8}  {({True: 'yes', False: 'NO', None: '-'})[run['lossless']]}")
+        row += "".join(f"{fmt_value(run[m]['ms_per_token'], '.1f'):>13}" for m in modes)
+        row += (f"{fmt_value(s['ar_to_sd'], '.2f'):>7}{fmt_value(s['sd_to_fsd'], '.2f'):>8}{fmt_value(s['sd_to_ee'], '.2f'):>7}"
+                f"{fmt_value(s['ar_to_ee'], '.2f'):>7}{fmt_value(ee.get('tau'), '.2f'):>6}"
+                f"{fmt_value(ee.get('cache_miss_rate'), '.2f'):>6}{fmt_value(ee.get('avg_exit'), '.1f'):>6}"
+                f"{fmt_value(b.get('projected_sd_to_fsd'), '.2f'):>8}  {LOSSLESS_MARK[run['lossless']]}")
         lines.append(row)
     lines.append("")
     lines.append("time per round (ms): draft on the critical path / verify on the server / link and queues")
     for run in report["runs"]:
-        parts = [f"{m} {_fmt(run[m]['draft_ms_per_round'], '.0f')}/{_fmt(run[m]['verify_ms_per_round'], '.0f')}/"
-                 f"{_fmt(run[m]['link_ms_per_round'], '.0f')}" for m in modes]
+        parts = [f"{m} {fmt_value(run[m]['draft_ms_per_round'], '.0f')}/{fmt_value(run[m]['verify_ms_per_round'], '.0f')}/"
+                 f"{fmt_value(run[m]['link_ms_per_round'], '.0f')}" for m in modes]
         lines.append(f"  RTT {run['rtt_ms']:g} ms, {run['bandwidth_mbps']:g} Mbit/s: " + "   ".join(parts))
     lines.append("B-model: EE Appendix B, (gamma c + 1) / (r gamma c + 1) with c and r measured in that row "
                  "(compare with SD>FSD)")
