@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge_llm_ros.core import projected_speedup
+from edge_llm_ros.core.llama_backend import llama_cpp_available
 from edge_llm_ros.tools import bench, bench_edge_cloud as ec
 
 from support import REPO
@@ -48,24 +49,72 @@ def test_summary_splits_each_round_and_appendix_b_uses_the_measured_c_and_r():
     assert b["table4_sd_ms_per_token"] == pytest.approx((100 + 100 + 100) / 1.5)  # 2 T_c + gamma T_p + T_q
 
 
-def test_table_and_plot(tmp_path):
-    sd = ec.summarize([goal(30, 6.0, 1.5, 2.0, 2.0)], 4)
-    ee = ec.summarize([goal(30, 4.0, 1.8, 1.0, 2.0, miss=0.3, exit_layer=20)], 4)
-    ar = ec.summarize([goal(30, 3.0, 1.0)], 0)
+PROMPTS = [ec.BenchPrompt("a", "chat", "first prompt"), ec.BenchPrompt("b", "chat", "second prompt")]
+
+
+def test_second_backend_shares_ar_as_reference_and_the_ratios_compare_the_backends():
+    """torch drafts at 25 ms per drafted token, llama.cpp at 5 (sd: 2 x 30 tokens, 40 rounds of 4);
+    llama.cpp's modes are checked against torch's ar and its speedups use that ar."""
+    ar = [goal(30, 3.0, 1.0), goal(30, 3.0, 1.0)]
+    torch_goals = {"ar": ar, "sd": [goal(30, 6.0, 1.5, 2.0, 2.0)] * 2, "ee": [goal(30, 4.0, 1.5, 1.0, 2.0)] * 2}
+    torch_run = ec.report_backend(torch_goals, PROMPTS, 4)
+    assert torch_run["draft_ms_per_token"] == pytest.approx(25.0) and torch_run["lossless"] is True
+    reference = {"goals": ar, "summary": torch_run["ar"]}
+    wrong = ec.Goal([1] * 30, 3.0, goal(30, 3.0, 1.5).stats)  # differs from ar on the second prompt
+    llama_goals = {"sd": [goal(30, 4.0, 1.5, 0.4, 2.0)] * 2, "ee": [goal(30, 3.0, 1.5, 0.2, 2.0), wrong]}
+    llama_run = ec.report_backend(llama_goals, PROMPTS, 4, reference)
+    assert "ar" not in llama_run and llama_run["draft_ms_per_token"] == pytest.approx(5.0)
+    assert llama_run["speedup"]["ar_to_sd"] == pytest.approx(100 / (8000 / 60))  # the shared ar: 100 ms/token
+    assert llama_run["lossless"] is False and llama_run["mismatches"] == [{"mode": "ee", "prompt": "b"}]
+    ratio = ec.compare_backends(torch_run, llama_run, ["ar", "sd", "ee"])
+    assert ratio["draft_ms_per_token"] == pytest.approx(5.0)
+    assert ratio["ms_per_token"] == {"sd": pytest.approx(6 / 4), "ee": pytest.approx(4 / 3)}
+    no_ar = ec.report_backend({"sd": torch_goals["sd"]}, PROMPTS, 4)  # nothing to compare with
+    assert no_ar["lossless"] is None and no_ar["speedup"]["ar_to_sd"] is None
+
+
+def made_up_report(backends: list[str]) -> dict:
+    """Two RTTs, modes ar, sd, ee on each backend in ``backends`` (the layout run_scenario writes)."""
+    ar = [goal(30, 3.0, 1.0)]
+    goals = {"torch": {"sd": [goal(30, 6.0, 1.5, 2.0, 2.0)], "ee": [goal(30, 4.0, 1.8, 1.0, 2.0, miss=0.3,
+                                                                           exit_layer=20)]},
+             "llama.cpp": {"sd": [goal(30, 4.5, 1.5, 0.4, 2.0)], "ee": [goal(30, 3.6, 1.8, 0.2, 2.0, miss=0.3,
+                                                                              exit_layer=20)]}}
     runs = []
     for rtt in (10.0, 50.0):
-        modes = {"ar": ar, "sd": sd, "ee": ee}
-        runs.append({"rtt_ms": rtt, "bandwidth_mbps": 100.0, **modes, "speedup": ec.speedups(modes),
-                     "appendix_b": ec.appendix_b(modes, 4), "lossless": True, "mismatches": []})
-    report = {"label": ec.LABEL, "deployment": {"gamma": 4}, "prompts": [{}], "max_new_tokens": 30,
-              "modes": ["ar", "sd", "ee"], "runs": runs}
+        run = {"rtt_ms": rtt, "bandwidth_mbps": 100.0, "draft_backend": backends[0],
+               **ec.report_backend({"ar": ar, **goals[backends[0]]}, PROMPTS[:1], 4)}
+        for backend in backends[1:]:
+            run[ec.backend_key(backend)] = ec.report_backend(goals[backend], PROMPTS[:1], 4,
+                                                             {"goals": ar, "summary": run["ar"]})
+        if len(backends) == 2:
+            run["torch_over_llama_cpp"] = ec.compare_backends(run, run["llama_cpp"], ["ar", "sd", "ee"])
+        runs.append(run)
+    return {"label": ec.LABEL, "deployment": {"gamma": 4}, "prompts": [{}], "max_new_tokens": 30,
+            "modes": ["ar", "sd", "ee"], "draft_backends": backends, "runs": runs}
+
+
+def test_table_and_plot(tmp_path):
+    report = made_up_report(["torch", "llama.cpp"])
     table = ec.format_table(report)
-    assert "emulated link" in table.splitlines()[0]
-    row = next(line for line in table.splitlines() if line.split()[:2] == ["50", "100"])
-    assert row.split()[2:5] == ["100.0", "200.0", "133.3"] and row.rstrip().endswith("yes")
+    lines = table.splitlines()
+    assert "emulated link" in lines[0] and "draft on torch, llama.cpp" in lines[0]
+    rows = [line.split() for line in lines if line.split()[:2] == ["50", "100"]]
+    assert rows[0][2:6] == ["torch", "100.0", "200.0", "133.3"] and rows[0][-1] == "yes"
+    assert rows[1][2:6] == ["llama.cpp", "100.0", "150.0", "120.0"] and rows[1][-1] == "yes"  # ar: torch's
+    assert rows[1][6] == "0.67"  # AR>SD against the shared ar
+    # the comparison: draft ms per drafted token 25 (torch) vs 5 (llama.cpp), latency ratios per mode
+    assert rows[2] == ["50", "100", "25.00", "5.00", "5.00", "1.33", "1.11"]
     png = tmp_path / "s.png"
     ec.plot(report, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_of_one_backend_has_no_comparison():
+    table = ec.format_table(made_up_report(["llama.cpp"]))
+    rows = [line.split() for line in table.splitlines() if line.split()[:2] == ["50", "100"]]
+    assert len(rows) == 1 and rows[0][2:6] == ["llama.cpp", "100.0", "150.0", "120.0"]
+    assert "torch vs llama.cpp" not in table
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -75,6 +124,12 @@ def test_table_and_plot(tmp_path):
     (["--prompts", "9"], "--prompts must be in 1..6"),
     (["--json", "/no/such/folder/x.json"], "does not exist"),
     (["--set", "foo:=1"], "--set: unknown launch argument 'foo'"),
+    (["--draft-backends", "torch,gpu"], "--draft-backends: expected a subset of torch,llama.cpp"),
+    (["--draft-backends", "llama.cpp", "--draft", "shallow:4"], "--draft-backends llama.cpp: draft 'shallow:4' runs "
+                                                                 "on torch"),
+    (["--draft", "llama.cpp:/no/such.gguf"], "--draft-backends torch: draft 'llama.cpp:/no/such.gguf' runs on "
+                                              "llama.cpp"),
+    (["--draft", "exit:x", "--draft-backends", "torch"], "--draft-backends torch: bad draft spec 'exit:x'"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(argv, message):
     out, err = io.StringIO(), io.StringIO()
@@ -84,7 +139,8 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, message):
 
 
 def test_quick_run_over_two_processes_writes_json_and_png(tmp_path):
-    """The real thing, small: SmolLM2 in draft_node and verifier_node, RTT 50 ms, one prompt x 16 tokens."""
+    """The real thing, small: SmolLM2 in draft_node and verifier_node, RTT 50 ms, one prompt x 16 tokens,
+    the draft on torch and (when llama-cpp-python is installed, the default) on llama.cpp."""
     path = tmp_path / "ec.json"
     proc = subprocess.run([sys.executable, "-m", "edge_llm_ros.tools.bench", "--scenario", "edge-cloud", "--quick",
                            "--rtt", "50", "--bandwidth", "100", "--json", str(path), "--no-progress"],
@@ -99,6 +155,20 @@ def test_quick_run_over_two_processes_writes_json_and_png(tmp_path):
     assert run["ar"]["tau"] == pytest.approx(1.0) and run["sd"]["tau"] >= 1.0
     assert 0.0 <= run["ee"]["cache_miss_rate"] <= 1.0 and run["ee"]["tau"] >= 1.0
     assert run["speedup"]["ar_to_sd"] > 0 and run["appendix_b"]["c"] > 0
+    assert run["draft_backend"] == "torch" and run["draft_ms_per_token"] > 0
+    if llama_cpp_available():
+        assert report["draft_backends"] == ["torch", "llama.cpp"]
+        llama = run["llama_cpp"]
+        assert "ar" not in llama and llama["lossless"] is True  # checked against torch's ar
+        for mode in ("sd", "fsd", "ee"):
+            assert llama[mode]["ms_per_token"] > 0 and llama[mode]["tokens"] == 16, mode
+        assert llama["draft_ms_per_token"] > 0 and llama["speedup"]["ar_to_sd"] > 0
+        ratio = run["torch_over_llama_cpp"]
+        assert ratio["draft_ms_per_token"] == pytest.approx(run["draft_ms_per_token"] / llama["draft_ms_per_token"])
+        assert set(ratio["ms_per_token"]) == {"sd", "fsd", "ee"}
+        assert "torch vs llama.cpp" in proc.stdout
+    else:
+        assert report["draft_backends"] == ["torch"] and "llama_cpp" not in run
     assert (tmp_path / "ec.png").read_bytes()[:4] == b"\x89PNG"
     assert "verifying /edge_llm/draft" in (tmp_path / "ec.log").read_text()  # the nodes' output is kept
     print("\n" + proc.stdout)

@@ -320,14 +320,14 @@ def test_smollm2_generate_sd_prints_the_same_text_as_ar():
 
 def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
     """The llama.cpp rows of the engine bench: llama.cpp's own generation (the llama_ros baseline) and our
-    ar / sd on the llama.cpp backend, compared with it token for token, in the same run."""
+    modes on the llama.cpp backend, compared with it token for token, in the same run."""
     path = tmp_path / "b.json"
     code, out, err = run_main(bench.main, ["--quick", "--threads", "1", "--modes", "ar,sd,tree", "--max-new-tokens",
                                            "12", "--json", str(path)])
     assert code == 0, err
     modes = json.loads(path.read_text())["modes"]
-    assert list(modes)[-3:] == ["ar_llama_cpp", "sd_llama_cpp", bench.LLAMA_CPP_AR]  # no tree: chains only
-    for name in ("ar_llama_cpp", "sd_llama_cpp", bench.LLAMA_CPP_AR):
+    assert list(modes)[-4:] == ["ar_llama_cpp", "sd_llama_cpp", "tree_llama_cpp", bench.LLAMA_CPP_AR]
+    for name in ("ar_llama_cpp", "sd_llama_cpp", "tree_llama_cpp", bench.LLAMA_CPP_AR):
         assert modes[name]["lossless"] is True and modes[name]["new_tokens"] == 24, name
         assert modes[name]["speedup_vs_llama_cpp_ar"] > 0
     assert modes["sd_llama_cpp"]["tau"] > 1.0 and modes[bench.LLAMA_CPP_AR]["speedup_vs_llama_cpp_ar"] == 1.0
@@ -335,21 +335,6 @@ def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
 
 
 # -- plan --device --------------------------------------------------------------------------------
-
-
-def test_plan_picks_the_fastest_predicted_candidate_and_ar_when_speculation_cannot_win():
-    from edge_llm_ros.tools import plan
-
-    flat = {n: 10.0 for n in range(1, 9)}  # verification as cheap as a step: sd at high tau wins
-    steep = {n: 10.0 * n for n in range(1, 9)}  # every row costs a step: nothing beats ar
-    tau = {1: 1.8, 2: 2.4, 3: 2.7}
-    won = plan.choose({"torch": flat}, tau, draft_ms=1.0)["choice"]
-    assert (won["mode"], won["gamma"]) == ("sd", 3) and won["tokens_per_s"] == pytest.approx(1000 * 2.7 / 13)
-    lost = plan.choose({"torch": flat, "llama.cpp": steep}, tau, draft_ms=5.0)
-    assert lost["choice"]["mode"] == "sd" and lost["choice"]["backend"] == "torch"
-    only_steep = plan.choose({"llama.cpp": steep}, tau, draft_ms=5.0)["choice"]
-    assert (only_steep["mode"], only_steep["backend"]) == ("ar", "llama.cpp")
-    assert plan.choose({"torch": flat}, tau, draft_ms=None)["choice"]["mode"] == "ar"  # no draft: ar
 
 
 def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
@@ -362,6 +347,23 @@ def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
     assert set(saved["row_costs_ms"]) == {"torch", "llama.cpp"}
     assert all(len(c) == plan.MAX_ROWS and min(c.values()) > 0 for c in saved["row_costs_ms"].values())
     assert saved["choice"] == max(saved["candidates"], key=lambda c: c["tokens_per_s"])
-    assert set(saved["tau"]) == {str(g) for g in range(1, plan.MAX_GAMMA + 1)}
-    assert all(t >= 1.0 for t in saved["tau"].values()) and saved["draft"]["ms_per_token"] > 0
+    widths = [s.width for s in plan.TREE_SHAPES]
+    assert all([int(w) for w in c] == widths and min(c.values()) > 0 for c in saved["tree_costs_ms"].values())
     assert out.rstrip().splitlines()[-1].startswith("plan: mode ")
+    # both drafters: cost per token, tau per gamma and per tree shape, scored on both backends
+    assert [d["backend"] for d in saved["drafts"]] == ["torch", "llama.cpp"]
+    for d in saved["drafts"]:
+        assert set(d["tau"]) == {str(g) for g in range(1, plan.MAX_GAMMA + 1)} and d["ms_per_token"] > 0
+        assert all(t >= 1.0 for t in d["tau"].values())
+        assert [t["tree"]["width"] for t in d["trees"]] == widths
+        assert all(t["tau"] >= 1.0 and t["draft_ms"] > 0 for t in d["trees"])
+    scored = {(c["backend"], c["mode"], c["draft_backend"]) for c in saved["candidates"]}
+    assert scored == {(b, m, d) for b in ("torch", "llama.cpp") for m, d in
+                      [("ar", None)] + [(m, d) for m in ("sd", "tree") for d in ("torch", "llama.cpp")]}
+    assert saved["draft_backend"] == (saved["choice"]["draft_backend"]
+                                      or min(saved["drafts"], key=lambda d: d["ms_per_token"])["backend"])
+    from edge_llm_ros.core import default_model_path
+    from edge_llm_ros.core.device_plan import load_plan
+
+    read = load_plan(path, default_model_path())  # what generate and the nodes read
+    assert (read.backend, read.mode, read.threads) == (saved["choice"]["backend"], saved["choice"]["mode"], 1)

@@ -76,9 +76,6 @@ def check_request(
         )
     if drafter is not None:
         check_drafter(target, drafter)
-    if not getattr(target, "verifies_trees", True) and config.mode in ("tree", "llmcad"):
-        raise ValueError(f"mode {config.mode!r} verifies token trees, which {type(target).__name__} does not "
-                         "(chains only): use sd, or a torch target")
     if config.stop_strings and target.tokenizer is None:
         raise ValueError("stop_strings need a tokenizer on the target model")
     return prompt

@@ -1,19 +1,19 @@
 """The CPU backend: a GGUF model evaluated by llama.cpp (llama-cpp-python's low-level API).
 
-:class:`LlamaCppLM` implements the engine's :class:`~.models.CausalLM` protocol for chains:
-``ar`` and ``sd`` run on it unchanged, as target or as draft (a llama.cpp draft for a torch
-target and the reverse). llama.cpp keeps the keys and values itself; :class:`LlamaCache`
-mirrors them as one sequence (id 0) of positions 0..length-1, so the engine's ``keep`` of
-the prefix and an accepted chain and its ``truncate`` become ``llama_memory_seq_rm`` of the
-tail.
+:class:`LlamaCppLM` implements the engine's :class:`~.models.CausalLM` protocol: ``ar``, ``sd``,
+``tree`` and ``llmcad`` run on it unchanged, as target or as draft (a llama.cpp draft for a torch
+target and the reverse). llama.cpp keeps the keys and values itself; :class:`LlamaCache` maps
+the engine's cache slots onto them: committed slots are sequence 0 at positions 0..n-1, and a
+token tree is evaluated as chains on sequence 0 in depth-first order, cutting the cache back
+(``llama_memory_seq_rm``) to each branch point, so ``keep`` and ``truncate`` become cuts too.
 
-Token trees (``tree``, ``llmcad``) are refused (``verifies_trees = False``): a tree's branches
-need one llama.cpp sequence each. In a unified KV cache (llama-cpp-python 0.3.36), a sequence
-decoded after another one that holds different tokens at the same positions got logits up to
-0.5 away from a plain decode of its path, from the first such position on (also in separate
-decode calls, flash attention off); with one KV stream per sequence (``kv_unified = false``) it
-was exact, but then every branch is a stream of its own that ``seq_cp`` copies whole. With a
-4-row verification costing 2.8 single steps here, trees would not pay on this CPU anyway.
+Why not one llama.cpp sequence per branch (llama.cpp's speculative example): in llama-cpp-python
+0.3.36's unified KV cache, a row decoded while another sequence holds a different token at the
+same position got logits up to 0.5 away from a plain decode of its path (measured with raw
+``llama_decode`` calls, flash attention off, in one batch and in separate ones); with one KV
+stream per sequence (``kv_unified = false``) rows of several sequences cannot share a batch and
+``seq_cp`` copies whole streams. A chain decode is exact, and on a CPU a row costs about the same
+whether it is decoded in a chain or in one tree batch.
 
 Exactness needs llama.cpp built with ``GGML_LLAMAFILE=OFF`` (``make install`` does): with the
 llamafile kernels a one-row batch and a multi-row batch give different logits for the same
@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,6 @@ class LlamaCppLM:
     """A GGUF model on llama.cpp behind the CausalLM protocol (token ids in, logits out)."""
 
     provides_features = False
-    verifies_trees = False
 
     def __init__(
         self,
@@ -78,9 +79,10 @@ class LlamaCppLM:
         lc.llama_backend_init()
         _quiet(lc)
         params = lc.llama_model_default_params()
+        _LOG_ERRORS.clear()
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
-            raise LlamaCppError(f"llama.cpp could not load {self.path}")
+            raise LlamaCppError(f"llama.cpp could not load {self.path}: {_why_not_loaded(self.path)}")
         threads = n_threads or torch.get_num_threads()
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -145,59 +147,106 @@ class LlamaCppLM:
         logits_rows: slice | None = slice(None),
     ) -> torch.Tensor | None:
         """Decode rows ``token_ids`` [T] at ``position_ids`` [T]; ``mask`` [T, L + T] additive
-        (0 = visible) or None (causal, whole cache visible); logits [T', V] of ``logits_rows``."""
+        (0 = visible; a tree, see :meth:`LlamaCache.evaluate`) or None (causal, whole cache visible);
+        logits [T', V] of ``logits_rows``."""
         cache._check_live()
         tokens = [int(t) for t in torch.as_tensor(token_ids).flatten().tolist()]
         positions = [int(p) for p in torch.as_tensor(position_ids).flatten().tolist()]
         rows = len(tokens)
         if rows == 0 or len(positions) != rows:
             raise ValueError(f"forward needs as many positions as tokens (>= 1), got {rows} and {len(positions)}")
-        start = cache.length
-        if start + rows > self.max_context:
-            raise ValueError(f"{start + rows} tokens exceed the llama.cpp context of {self.max_context}")
-        if not cache.accepts_chain(mask, rows):
-            raise ValueError("the llama.cpp backend decodes chains only: every row must see the whole cache and the "
-                             "rows before it (got a tree mask; use mode sd, or a torch model for trees)")
+        if cache.length + rows > self.max_context:
+            raise ValueError(f"{cache.length + rows} tokens exceed the llama.cpp context of {self.max_context}")
         wanted = range(rows)[logits_rows] if logits_rows is not None else range(0)
-        want = set(wanted)
+        logits = cache.evaluate(tokens, positions, mask, set(wanted))
+        if logits_rows is None:
+            return None
+        return torch.from_numpy(np.stack([logits[i] for i in wanted]))
+
+    def _decode(self, tokens: list[int], positions: list[int], want: list[bool]) -> list[np.ndarray | None]:
+        """One ``llama_decode`` of a chain on sequence 0; the logits of the rows in ``want``."""
         batch = self._batch
-        for i, (tok, pos) in enumerate(zip(tokens, positions)):
+        for i, (tok, pos, logits) in enumerate(zip(tokens, positions, want)):
             batch.token[i] = tok
             batch.pos[i] = pos
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = i in want
-        batch.n_tokens = rows
+            batch.logits[i] = logits
+        batch.n_tokens = len(tokens)
         code = self._lc.llama_decode(self._ctx, batch)
         if code != 0:
-            raise LlamaCppError(f"llama_decode failed with {code} ({rows} rows after {start} cached)")
-        cache.length += rows
-        if logits_rows is None:
-            return None
-        out = np.empty((len(wanted), self.vocab_size), dtype=np.float32)
-        for k, i in enumerate(wanted):
-            ptr = self._lc.llama_get_logits_ith(self._ctx, i)
-            out[k] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
-        return torch.from_numpy(out)
+            raise LlamaCppError(f"llama_decode failed with {code} ({len(tokens)} rows at position {positions[0]})")
+        out: list[np.ndarray | None] = []
+        for i, logits in enumerate(want):
+            ptr = self._lc.llama_get_logits_ith(self._ctx, i) if logits else None
+            out.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy() if logits else None)
+        return out
+
+    def _cut(self, position: int) -> None:
+        """Forget every cell from ``position`` on."""
+        self._lc.llama_memory_seq_rm(self._mem, 0, position, -1)
 
 
 _LOG_CALLBACK = None  # kept alive: llama.cpp holds the pointer
+_LOG_ERRORS: deque[str] = deque(maxlen=8)  # llama.cpp's latest error lines, quoted by our errors
+GGML_LOG_LEVEL_ERROR = 4
 
 
 def _quiet(lc) -> None:
-    """Silence llama.cpp's loader and context chatter on stderr (our errors say what failed)."""
+    """Keep llama.cpp's loader and context chatter off stderr; remember its error lines."""
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = lc.llama_log_callback(lambda level, text, user_data: None)
+
+        def log(level: int, text: bytes, user_data) -> None:
+            if level == GGML_LOG_LEVEL_ERROR and text.strip():
+                _LOG_ERRORS.append(text.decode(errors="replace").strip())
+
+        _LOG_CALLBACK = lc.llama_log_callback(log)
         lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p())
 
 
+def _why_not_loaded(path: Path) -> str:
+    """What llama.cpp said when it refused ``path``, or what is wrong with the file."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return "not a GGUF file"
+    said = [line.split("error loading model: ", 1)[1] for line in _LOG_ERRORS if "error loading model: " in line]
+    return said[-1] if said else (_LOG_ERRORS[-1] if _LOG_ERRORS else "llama.cpp gave no reason")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A pending tree row: its parent slot (None: the last committed one), token and position."""
+
+    parent: int | None
+    token: int
+    pos: int
+
+
 class LlamaCache:
-    """The engine's view of a llama.cpp context's memory: one sequence, slot i at position i."""
+    """The engine's view of a llama.cpp context's memory, slot by slot.
+
+    Slots ``0 .. trunk-1`` are committed: llama.cpp sequence 0 holds them at positions
+    0..trunk-1. Rows of a token tree after them stay pending until ``keep``; llama.cpp holds one
+    root path of them at a time (``held``), right after the trunk. A tree is evaluated as chains
+    in depth-first order: each chain is one ``llama_decode`` on sequence 0 after cutting the
+    cache back to its branch point, so every row sees exactly its ancestors (a chain decode, which
+    matches token-by-token decoding bit for bit). Every row is decoded once, and the first child
+    of each node is decoded last, so the most likely path is the one still held when ``keep``
+    asks for it; another kept path is decoded again. On a CPU a row costs about the same in a
+    chain as in one tree batch, so this costs about what a batch would. (Multi-sequence
+    batches were inexact: see the module docstring.)
+    """
 
     def __init__(self, lm: LlamaCppLM) -> None:
         self.lm = lm
-        self.length = 0
+        self.trunk = 0
+        self.rows: list[_Row] = []  # pending slots trunk, trunk + 1, ...
+        self.held: list[int] = []  # pending slots in llama.cpp's memory, at positions trunk, trunk + 1, ...
+
+    @property
+    def length(self) -> int:
+        return self.trunk + len(self.rows)
 
     @property
     def capacity(self) -> int:
@@ -211,32 +260,143 @@ class LlamaCache:
         if self.lm._live is not self:
             raise RuntimeError("this llama.cpp cache was replaced by a newer new_cache() on the same model")
 
-    def accepts_chain(self, mask: torch.Tensor | None, rows: int) -> bool:
-        """``mask`` (additive, [rows, length + rows]) is causal over the whole cache, or None."""
+    def _path(self, slot: int | None) -> list[int]:
+        """Pending slots from the trunk down to ``slot``."""
+        path = []
+        while slot is not None:
+            path.append(slot)
+            slot = self.rows[slot - self.trunk].parent
+        return path[::-1]
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def evaluate(self, tokens: list[int], positions: list[int], mask: torch.Tensor | None,
+                 want: set[int]) -> dict[int, np.ndarray]:
+        """Add rows; the logits of the rows in ``want`` (by row index).
+
+        ``mask`` (additive, [rows, length + rows], 0 = visible) must describe a tree: every row
+        sees the whole trunk, its pending ancestors and itself, one position after its parent
+        (at ``trunk`` without one). None means causal over everything.
+        """
+        self._check_live()
+        base = self.length
+        parents = self._parents(len(tokens), mask)
+        for r, (parent, pos) in enumerate(zip(parents, positions)):
+            expected = self.trunk if parent is None else (positions[parent - base] if parent >= base else
+                                                         self.rows[parent - self.trunk].pos) + 1
+            if pos != expected:
+                raise ValueError(f"row {r} is at position {pos}; after its parent it belongs at {expected}")
+        if not self.rows and all(p == (None if r == 0 else base + r - 1) for r, p in enumerate(parents)):
+            out = self.lm._decode(tokens, positions, [r in want for r in range(len(tokens))])
+            self.trunk += len(tokens)  # a chain after the trunk is committed as it is decoded
+            return {r: row for r, row in enumerate(out) if row is not None}
+        self.rows += [_Row(p, t, pos) for p, t, pos in zip(parents, tokens, positions)]
+        logits: dict[int, np.ndarray] = {}
+        for chain in self._chains(base):
+            logits.update(self._hold(self._path(chain[-1]), want={base + r for r in want}))
+        return {slot - base: row for slot, row in logits.items()}
+
+    def _chains(self, base: int) -> list[list[int]]:
+        """The new slots (``base`` on) in depth-first order, a node's first child last, cut into chains."""
+        children: dict[int, list[int]] = {}
+        roots = []
+        for slot in range(base, self.length):
+            parent = self.rows[slot - self.trunk].parent
+            if parent is not None and parent >= base:
+                children.setdefault(parent, []).append(slot)
+            else:
+                roots.append(slot)
+        chains: list[list[int]] = []
+        stack = roots
+        while stack:
+            slot = stack.pop()
+            if chains and self.rows[slot - self.trunk].parent == chains[-1][-1]:
+                chains[-1].append(slot)
+            else:
+                chains.append([slot])
+            stack += children.get(slot, [])
+        return chains
+
+    def _hold(self, path: list[int], want: set[int] = frozenset()) -> dict[int, np.ndarray]:
+        """Make llama.cpp hold the pending root path ``path`` (decoding what it lacks, after cutting
+        back to where it departs from what is held); logits of the decoded slots in ``want``."""
+        common = 0
+        for held, slot in zip(self.held, path):
+            if held != slot:
+                break
+            common += 1
+        if common < len(self.held):
+            self.lm._cut(self.trunk + common)
+        missing = path[common:]
+        self.held = list(path)
+        if not missing:
+            return {}
+        rows = [self.rows[slot - self.trunk] for slot in missing]
+        out = self.lm._decode([r.token for r in rows], [r.pos for r in rows], [slot in want for slot in missing])
+        return {slot: row for slot, row in zip(missing, out) if row is not None}
+
+    def _parents(self, rows: int, mask: torch.Tensor | None) -> list[int | None]:
+        """Each new row's parent slot (None: the trunk's end), checked to make a tree."""
+        base = self.length
         if mask is None:
-            return True
-        m = torch.as_tensor(mask)
-        if m.shape != (rows, self.length + rows):
-            return False
-        return bool(((m == 0) == torch.ones(m.shape, dtype=torch.bool).tril(self.length)).all())
+            if self.rows and self._path(base - 1) != list(range(self.trunk, base)):
+                raise ValueError("rows without a mask see every slot, but the pending slots are a tree, not a chain")
+            return [base - 1 if self.rows else None] + [base + r for r in range(rows - 1)]
+        visible = torch.as_tensor(mask) == 0
+        if visible.shape != (rows, base + rows):
+            raise ValueError(f"a mask for {rows} rows after {base} slots is [{rows}, {base + rows}], got {list(visible.shape)}")
+        if not bool(visible[:, : self.trunk].all()):
+            raise ValueError("every row must see the whole committed context (the llama.cpp backend drops no slot)")
+        parents: list[int | None] = []
+        ancestors: list[set[int]] = []  # of each new row: pending and new slots
+        for r in range(rows):
+            seen = {self.trunk + int(i) for i in visible[r, self.trunk :].nonzero().flatten().tolist()}
+            if base + r not in seen or max(seen) != base + r:
+                raise ValueError(f"row {r} must see itself and no later row")
+            seen.discard(base + r)
+            parent = max(seen) if seen else None
+            if parent is None:
+                expected: set[int] = set()
+            elif parent < base:
+                expected = set(self._path(parent))
+            else:
+                expected = ancestors[parent - base] | {parent}
+            if seen != expected:
+                raise ValueError(f"row {r} sees slots {sorted(seen)[:8]}, which are not one root path (not a tree mask)")
+            parents.append(parent)
+            ancestors.append(seen)
+        return parents
+
+    # -- after verification -----------------------------------------------------------------------
 
     def keep(self, indices: Sequence[int] | torch.Tensor) -> None:
-        """Keep slots ``indices``: on a chain that is a prefix of the slots (the accepted part of a
-        verified chain), so the rest is cut."""
+        """Keep slots ``indices``, renumbered in order: a prefix of the committed slots, or all of
+        them and a root path of pending rows (an accepted draft); everything else is forgotten."""
         self._check_live()
         idx = [int(i) for i in torch.as_tensor(indices).flatten().tolist()]
-        if idx != list(range(len(idx))) or len(idx) > self.length:
-            raise ValueError(f"the llama.cpp cache keeps a prefix of its {self.length} slots (a chain), got {idx[:8]}...")
-        self.truncate(len(idx))
+        if idx[: self.trunk] != list(range(min(len(idx), self.trunk))):
+            raise ValueError(f"the llama.cpp cache keeps a prefix of its {self.trunk} committed slots, got {idx[:8]}...")
+        if len(idx) < self.trunk:
+            self.truncate(len(idx))
+            return
+        path = idx[self.trunk :]
+        if path and (path[-1] >= self.length or self._path(path[-1]) != path):
+            raise ValueError(f"kept pending slots {path[:8]} are not a path from the committed context")
+        self._hold(path)
+        self.trunk += len(path)
+        self.rows, self.held = [], []
 
     def truncate(self, length: int) -> None:
         """Forget every slot from ``length`` on."""
         self._check_live()
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        if length < self.length:
-            self.lm._lc.llama_memory_seq_rm(self.lm._mem, 0, length, -1)
-            self.length = length
+        if length > self.trunk:
+            self.keep(list(range(length)))
+            return
+        if self.held or length < self.trunk:
+            self.lm._cut(length)
+        self.trunk, self.rows, self.held = length, [], []
 
 
 def load_llama_cpp(source: str | os.PathLike | None = None, **kwargs) -> LlamaCppLM:

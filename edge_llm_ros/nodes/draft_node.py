@@ -15,12 +15,20 @@ a PruneInfo with `release` on `prune` frees its cache on the verifier; its stats
 If no final VerifyResult arrives within `timeout_s` (verifier gone, link down), the request
 ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs.
 
-Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH),
-model ('' = SmolLM2: the tokenizer and the weights the draft shares), mode (ee | fsd | sd | tree
-| ar; a goal's `mode` overrides it), gamma, max_new_tokens (when a goal says 0), timeout_s,
-predraft_workers (pre-draft threads, a drafter each; one more drafter serves misses),
-chat_template (apply the tokenizer's chat template), threads, stats_period_s (aggregate
-InferenceStats on `stats`; 0 = only per request).
+Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH on
+torch; llama.cpp:PATH or a .gguf PATH on llama.cpp), draft_backend (auto | torch | llama.cpp:
+which runs the draft; auto = the draft spec's, else the device plan's (`edge-llm-ros plan
+--device`), else llama.cpp when llama-cpp-python is installed, else torch), model ('' =
+SmolLM2: the tokenizer, and on torch the weights the draft shares), mode (ee | fsd | sd | tree |
+ar; a goal's `mode` overrides it; tree needs a draft that decodes token trees), gamma,
+max_new_tokens (when a goal says 0), timeout_s, predraft_workers (pre-draft threads, a drafter
+each; one more drafter serves misses), chat_template (apply the tokenizer's chat template),
+threads (torch threads, or each llama.cpp drafter's), stats_period_s (aggregate InferenceStats
+on `stats`; 0 = only per request).
+
+On llama.cpp the node loads the target's tokenizer only (no torch weights) and gives each of its
+predraft_workers + 1 drafters a llama.cpp context of its own (llama.cpp releases the GIL, so the
+pre-drafting threads run in parallel).
 """
 
 from __future__ import annotations
@@ -75,10 +83,12 @@ class DraftNode(rt.Node):
         super().__init__("draft_node", namespace="edge_llm")
         import torch
 
-        from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter, load_model
-        from edge_llm_ros.tools.loading import ToolError, build_drafter, check_draft_spec
+        from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter
+        from edge_llm_ros.tools.loading import (ToolError, build_drafters, check_draft_spec, planned_draft_backend,
+                                                resolve_draft_backend)
 
         spec = self.declare_parameter("draft", "").value or None
+        backend = self.declare_parameter("draft_backend", "auto").value
         model = self.declare_parameter("model", "").value
         self.mode = self.declare_parameter("mode", "ee").value
         gamma = self.declare_parameter("gamma", 4).value
@@ -100,12 +110,17 @@ class DraftNode(rt.Node):
         if threads:
             torch.set_num_threads(threads)
         try:
+            planned = (planned_draft_backend(model or None, warn=self.get_logger().warning)
+                       if backend == "auto" and not spec else None)
+            self.backend, spec, why = resolve_draft_backend(backend, spec, planned)
+        except ToolError as exc:
+            raise ValueError(f"parameter 'draft_backend': {exc}") from exc
+        try:
             check_draft_spec(spec)
-            target = load_model(model or None)
-            drafts = [build_drafter(spec, target) for _ in range(workers + 1)]  # + one for misses
+            # + one drafter for misses; on llama.cpp only the target's tokenizer is loaded, not its weights
+            drafts, self.tokenizer = build_drafters(self.backend, spec, model or None, workers + 1, threads or None)
         except ToolError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
-        self.tokenizer = target.tokenizer
         self.gamma = gamma
         self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers)
         self.inboxes: dict[str, queue.Queue] = {}
@@ -126,7 +141,8 @@ class DraftNode(rt.Node):
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         if stats_period > 0:
             self.create_timer(stats_period, self.publish_recent_stats)
-        self.get_logger().info(f"drafting with {drafts[0].description}, mode {self.mode} (gamma {gamma}): "
+        self.get_logger().info(f"drafting with {drafts[0].description}, draft backend {self.backend} ({why}), "
+                               f"{len(drafts)} drafters, mode {self.mode} (gamma {gamma}): "
                                f"{self.resolve('draft')} -> verifier -> {self.resolve('verify')}")
 
     # -- callbacks ---------------------------------------------------------------------------------

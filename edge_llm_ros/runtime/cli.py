@@ -484,6 +484,7 @@ EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {
     "bench": _tool("bench"),
     "train": _tool("train"),
     "plan": _tool("plan"),
+    "export": _tool("export"),
 }
 """Verbs that bring their own parser: name -> main(argv)."""
 

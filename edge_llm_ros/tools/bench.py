@@ -57,7 +57,6 @@ from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
 HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
 LLAMA_CPP_AR, LLAMA_SUFFIX = "llama_cpp_ar", "_llama_cpp"  # llama.cpp's own generation; our modes on it
-LLAMA_CPP_MODES = ("ar", "sd")  # the llama.cpp backend verifies chains only
 QUICK_MAX_NEW_TOKENS = 32
 BUSY_CORES = 0.25  # other processes using this much CPU during a run make its timings unreliable
 WARMUP_TOKENS = 8
@@ -235,7 +234,7 @@ def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: li
         runners.append(Runner(LLAMA_CPP_AR, lambda ids, i, n: run_llama_cpp(llama.llm, ids, n, eos),
                               reference=LLAMA_CPP_AR))
         runners += [engine(m, llama.target, f"{m}{LLAMA_SUFFIX}", LLAMA_CPP_AR) for m in modes
-                    if m in LLAMA_CPP_MODES and (m == "ar" or draft is not None)]
+                    if m == "ar" or draft is not None]
     return runners
 
 
@@ -364,8 +363,7 @@ def run_bench(
     prompt_ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
     sections = [("modes", None)] + ([("sampled", SAMPLING)] if sampled else [])
     runners_per_section = 2 + len(modes) if (assist is not None and assist.kwargs is not None) else 1 + len(modes)
-    llama_runs = 0 if llama is None else 1 + sum(m in LLAMA_CPP_MODES and (m == "ar" or draft is not None)
-                                                 for m in modes)
+    llama_runs = 0 if llama is None else 1 + sum(m == "ar" or draft is not None for m in modes)
     load_before = os.getloadavg()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' deprecation chatter inside assisted generation

@@ -3,12 +3,16 @@ emulated links (EE, Table 6's columns).
 
     edge-llm-ros bench --scenario edge-cloud --json ec.json          # RTT 10/50/120 ms x 20/100 Mbit/s
     edge-llm-ros bench --scenario edge-cloud --rtt 50 --bandwidth 100 --modes ar,sd,ee --quick
+    edge-llm-ros bench --scenario edge-cloud --draft-backends llama.cpp --rtt 50 --bandwidth 100
 
-For each link setting a fresh deployment of ``launch/edge_cloud.launch.py`` runs: verifier_node and
-draft_node as two processes, one torch thread each, the link emulated in the runtime (one-way
-latency RTT/2 and the bandwidth each way; figures are labelled "emulated link"). This process is
-the robot's application: it sends Generate goals, each prompt in every mode in turn, and times
-each goal from sending to its result. Modes (draft_node's EDGE_MODES):
+For each link setting and each draft backend (``--draft-backends``: torch and llama.cpp when
+llama-cpp-python is installed) a fresh deployment of ``launch/edge_cloud.launch.py`` runs:
+verifier_node and draft_node (``draft_backend:=...``) as two processes, one thread each (torch's,
+or each llama.cpp drafter's), the link emulated in the runtime (one-way latency RTT/2 and the
+bandwidth each way; figures are labelled "emulated link"). This process is the robot's
+application: it sends Generate goals, each prompt in every mode in turn, and times each goal from
+sending to its result. ``ar`` drafts nothing, so it runs once per setting, in the first backend's
+deployment, and is every backend's reference. Modes (draft_node's EDGE_MODES):
 
     ar    cloud autoregressive: the prompt goes up, the verifier generates, every token comes down
     sd    edge-cloud speculative decoding: γ drafted on the robot per round, final outcomes only
@@ -21,6 +25,16 @@ path, verification on the server, the rest: link and queues), and EE Appendix B'
 (γc+1)/(rγc+1) with the measured c = T_p/T_q and r next to the measured SD→FSD. Every mode's
 tokens are compared with ``ar`` (the target's own greedy decoding): a mismatch makes the exit
 status 1. ``--png`` plots the speedups against RTT (needs matplotlib: the ``bench`` extra).
+
+Draft backends side by side: ``draft_ms_per_token`` is the robot's drafting time per drafted
+token, measured in ``sd`` (every round drafts γ tokens on the critical path, so it is all of the
+drafting): Σ draft_time_s / (rounds × γ), the draft model's prefill of the prompt in round 0
+included. The table ends with torch / llama.cpp ratios of it and of each mode's latency per token.
+
+JSON layout: ``runs[i]`` holds the first backend's results as before (``runs[i]["ar"]``,
+``["sd"]``, ``["speedup"]``, ..., and ``["draft_backend"]`` naming it: torch by default); every
+further backend's are under its key (``runs[i]["llama_cpp"]``: the same keys but ``ar``, with
+speedups against the shared ``ar``); ``runs[i]["torch_over_llama_cpp"]`` has the ratios.
 """
 
 from __future__ import annotations
@@ -40,12 +54,13 @@ from typing import TextIO
 
 from .bench import LOSSLESS_MARK, fmt_value
 from .generate import Parser, one_line
-from .loading import ToolError
+from .loading import LLAMA_CPP, ToolError, check_draft_spec, llama_cpp_available, resolve_draft_backend
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 RTTS_MS = (10.0, 50.0, 120.0)
 BANDWIDTHS_MBPS = (20.0, 100.0)
 MODES = ("ar", "sd", "fsd", "ee")
+DRAFT_BACKENDS = ("torch", LLAMA_CPP)
 DEFAULT_PROMPTS = 3
 MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
 WARMUP_TOKENS = 8
@@ -235,8 +250,14 @@ def speedups(modes: dict) -> dict:
     return {name: ratio(a, b) for name, (a, b) in pairs.items()}
 
 
-def run_setting(client: Client, deployment: Deployment, prompts: list[BenchPrompt], modes: list[str],
-                max_new_tokens: int, gamma: int, progress) -> dict:
+def backend_key(backend: str) -> str:
+    """A draft backend's key in a run: ``llama.cpp`` -> ``llama_cpp``."""
+    return backend.replace(".", "_")
+
+
+def run_goals(client: Client, deployment: Deployment, prompts: list[BenchPrompt], modes: list[str],
+              max_new_tokens: int, progress) -> dict[str, list[Goal]]:
+    """Every prompt in every mode on one deployment, after an untimed warm-up per mode."""
     client.wait_ready(deployment, START_TIMEOUT_S)
     for mode in modes:  # warm-up, untimed: first-call costs of each path
         client.generate(prompts[0].text, mode, WARMUP_TOKENS)
@@ -245,20 +266,41 @@ def run_setting(client: Client, deployment: Deployment, prompts: list[BenchPromp
         for mode in modes:  # interleaved, so load from elsewhere hits every mode alike
             goals[mode].append(client.generate(prompt.text, mode, max_new_tokens))
             progress.update(1)
-    reference = goals.get("ar")
+    return goals
+
+
+def report_backend(goals: dict[str, list[Goal]], prompts: list[BenchPrompt], gamma: int,
+                   reference: dict | None = None) -> dict:
+    """One backend's modes: their summaries, speedups and Appendix B, each mode's tokens compared
+    with ``ar`` (its own, or ``reference``: the goals and summary of the first backend's ``ar``)."""
+    ar_goals = goals.get("ar") or (reference or {}).get("goals")
     mismatches = []
     for mode, runs in goals.items():
-        for prompt, run, ref in zip(prompts, runs, reference or runs):
+        for prompt, run, ref in zip(prompts, runs, ar_goals or runs):
             if run.tokens != ref.tokens:
                 mismatches.append({"mode": mode, "prompt": prompt.name})
-    out = {m: summarize(goals[m], gamma if m != "ar" else 0) for m in modes}
-    return {**out, "speedup": speedups(out), "appendix_b": appendix_b(out, gamma),
-            "lossless": not mismatches if reference else None, "mismatches": mismatches}
+    out = {m: summarize(runs, gamma if m != "ar" else 0) for m, runs in goals.items()}
+    with_ar = {"ar": reference["summary"], **out} if reference and "ar" not in out else out
+    sd = out.get("sd") or {}
+    return {**out, "speedup": speedups(with_ar), "appendix_b": appendix_b(out, gamma),
+            "draft_ms_per_token": sd.get("draft_ms_per_token_drafted"),
+            "lossless": not mismatches if ar_goals else None, "mismatches": mismatches}
+
+
+def compare_backends(first: dict, second: dict, modes: list[str]) -> dict:
+    """``first`` / ``second`` (> 1: the second is faster): draft time per drafted token and each
+    mode's latency per token."""
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    return {"draft_ms_per_token": ratio(first["draft_ms_per_token"], second["draft_ms_per_token"]),
+            "ms_per_token": {m: ratio(first[m]["ms_per_token"], second[m]["ms_per_token"])
+                             for m in modes if m != "ar" and m in first and m in second}}
 
 
 def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[BenchPrompt], modes: list[str],
                  max_new_tokens: int, gamma: int, draft: str, log_path: Path | None, progress: bool,
-                 launch_args: list[str] = ()) -> dict:
+                 launch_args: list[str] = (), backends: list[str] = ("torch",)) -> dict:
     from tqdm import tqdm
 
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
@@ -277,16 +319,33 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
     if draft:
         node_args.append(f"draft:={draft}")
     node_args += launch_args
+    later_modes = [m for m in modes if m != "ar"]  # ar drafts nothing: once per setting, first backend
+    goals_total = len(settings) * len(prompts) * (len(modes) + len(later_modes) * (len(backends) - 1))
     runs, client = [], Client()
     started = time.perf_counter()
     try:
-        with tqdm(total=len(settings) * len(prompts) * len(modes), desc="edge-cloud", unit="goal", file=sys.stderr,
-                  disable=not progress, dynamic_ncols=True) as bar:
+        with tqdm(total=goals_total, desc="edge-cloud", unit="goal", file=sys.stderr, disable=not progress,
+                  dynamic_ncols=True) as bar:
             for rtt, bw in settings:
-                bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s")
-                with Deployment(endpoint, rtt, bw, node_args, log) as deployment:
-                    run = run_setting(client, deployment, prompts, modes, max_new_tokens, gamma, bar)
-                runs.append({"rtt_ms": rtt, "bandwidth_mbps": bw, **run})
+                run: dict = {"rtt_ms": rtt, "bandwidth_mbps": bw, "draft_backend": backends[0]}
+                reference = None
+                for i, backend in enumerate(backends):
+                    bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s, draft on {backend}")
+                    with Deployment(endpoint, rtt, bw, [*node_args, f"draft_backend:={backend}"], log) as deployment:
+                        goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
+                                          max_new_tokens, bar)
+                    result = report_backend(goals, prompts, gamma, reference)
+                    if i == 0:
+                        run.update(result)
+                        if "ar" in goals:
+                            reference = {"goals": goals["ar"], "summary": result["ar"]}
+                    else:
+                        run[backend_key(backend)] = result
+                if set(DRAFT_BACKENDS) <= set(backends):
+                    torch_run = run if backends[0] == "torch" else run["torch"]
+                    llama_run = run if backends[0] == LLAMA_CPP else run[backend_key(LLAMA_CPP)]
+                    run["torch_over_llama_cpp"] = compare_backends(torch_run, llama_run, modes)
+                runs.append(run)
     finally:
         client.close()
         log.close()
@@ -297,15 +356,17 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "deployment": {"launch": "edge_cloud", "processes": ["verifier_node", "draft_node"], "torch_threads": 1,
-                       "draft": draft or "shipped", "exits": "shipped", "gamma": gamma,
-                       "launch_arguments": node_args},
+                       "llama_cpp_threads_per_drafter": 1, "draft": draft or "shipped", "exits": "shipped",
+                       "gamma": gamma, "draft_backends": backends,
+                       "launch_arguments": [*node_args, "draft_backend:=<each of draft_backends>"]},
         "max_new_tokens": max_new_tokens,
         "prompts": [{"name": p.name, "text": p.text} for p in prompts],
         "modes": modes,
+        "draft_backends": backends,
         "targets": TARGETS,
         "wall_s": time.perf_counter() - started,
         "runs": runs,
-        "lossless": all(r["lossless"] is not False for r in runs),
+        "lossless": all(r["lossless"] is not False for run in runs for r in backend_results(run, backends)),
         "notes": [
             f"latency: {LABEL} (one-way delay RTT/2 and a token bucket each way, applied by the runtime to real "
             "messages between the two processes); both processes share this machine's cores",
@@ -313,8 +374,18 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
             "draft = drafting on the robot's critical path; verify = the verifier's own time; link = the rest",
             "appendix_b: c = T_p / T_q with T_p per drafted token and T_q per verification (both from sd); "
             "r from fsd (ee when fsd is not run)",
+            "runs[i] holds the first draft backend's results (draft_backend); each further backend's are under its "
+            "key (llama.cpp: llama_cpp); ar drafts nothing and runs once per setting, with the first backend",
+            "draft_ms_per_token: drafting time per drafted token in sd, sum(draft_time_s) / (rounds * gamma), "
+            "round 0's prefill of the prompt by the draft included; torch_over_llama_cpp: torch / llama.cpp "
+            "(> 1: llama.cpp faster) of it and of each mode's ms_per_token",
         ],
     }
+
+
+def backend_results(run: dict, backends: list[str]) -> list[dict]:
+    """A run's results per draft backend, in ``backends`` order (the first is the run itself)."""
+    return [run, *(run[backend_key(b)] for b in backends[1:])]
 
 
 # -- output -------------------------------------------------------------------------------------------
@@ -322,29 +393,53 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
 
 def format_table(report: dict) -> str:
     modes = report["modes"]
+    backends = report.get("draft_backends") or [report["runs"][0].get("draft_backend", "torch")]
     lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, gamma "
-             f"{report['deployment']['gamma']}, {len(report['prompts'])} prompts x {report['max_new_tokens']} tokens"]
-    head = f"{'RTT ms':>7}{'Mbit/s':>8}" + "".join(f"{m + ' ms/tok':>13}" for m in modes)
+             f"{report['deployment']['gamma']}, {len(report['prompts'])} prompts x {report['max_new_tokens']} tokens, "
+             f"draft on {', '.join(backends)}"]
+    head = f"{'RTT ms':>7}{'Mbit/s':>8}  {'draft':<10}" + "".join(f"{m + ' ms/tok':>13}" for m in modes)
     head += f"{'AR>SD':>7}{'SD>FSD':>8}{'SD>EE':>7}{'AR>EE':>7}{'tau':>6}{'miss':>6}{'exit':>6}{'B-model':>8}  lossless"
     lines.append(head)
     for run in report["runs"]:
-        s, b = run["speedup"], run["appendix_b"] or {}
-        ee = run.get("ee") or run.get("fsd") or {}
-        row = f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}"
-        row += "".join(f"{fmt_value(run[m]['ms_per_token'], '.1f'):>13}" for m in modes)
-        row += (f"{fmt_value(s['ar_to_sd'], '.2f'):>7}{fmt_value(s['sd_to_fsd'], '.2f'):>8}{fmt_value(s['sd_to_ee'], '.2f'):>7}"
-                f"{fmt_value(s['ar_to_ee'], '.2f'):>7}{fmt_value(ee.get('tau'), '.2f'):>6}"
-                f"{fmt_value(ee.get('cache_miss_rate'), '.2f'):>6}{fmt_value(ee.get('avg_exit'), '.1f'):>6}"
-                f"{fmt_value(b.get('projected_sd_to_fsd'), '.2f'):>8}  {LOSSLESS_MARK[run['lossless']]}")
-        lines.append(row)
+        for backend, result in zip(backends, backend_results(run, backends)):
+            s, b = result["speedup"], result["appendix_b"] or {}
+            ee = result.get("ee") or result.get("fsd") or {}
+            row = f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}  {backend:<10}"
+            row += "".join(f"{fmt_value((result.get(m) or run.get(m) or {}).get('ms_per_token'), '.1f'):>13}"
+                           for m in modes)  # ar: the first backend's, shared
+            row += (f"{fmt_value(s['ar_to_sd'], '.2f'):>7}{fmt_value(s['sd_to_fsd'], '.2f'):>8}"
+                    f"{fmt_value(s['sd_to_ee'], '.2f'):>7}{fmt_value(s['ar_to_ee'], '.2f'):>7}"
+                    f"{fmt_value(ee.get('tau'), '.2f'):>6}{fmt_value(ee.get('cache_miss_rate'), '.2f'):>6}"
+                    f"{fmt_value(ee.get('avg_exit'), '.1f'):>6}{fmt_value(b.get('projected_sd_to_fsd'), '.2f'):>8}"
+                    f"  {LOSSLESS_MARK[result['lossless']]}")
+            lines.append(row)
     lines.append("")
     lines.append("time per round (ms): draft on the critical path / verify on the server / link and queues")
     for run in report["runs"]:
-        parts = [f"{m} {fmt_value(run[m]['draft_ms_per_round'], '.0f')}/{fmt_value(run[m]['verify_ms_per_round'], '.0f')}/"
-                 f"{fmt_value(run[m]['link_ms_per_round'], '.0f')}" for m in modes]
-        lines.append(f"  RTT {run['rtt_ms']:g} ms, {run['bandwidth_mbps']:g} Mbit/s: " + "   ".join(parts))
+        for backend, result in zip(backends, backend_results(run, backends)):
+            parts = [f"{m} {fmt_value(result[m]['draft_ms_per_round'], '.0f')}/"
+                     f"{fmt_value(result[m]['verify_ms_per_round'], '.0f')}/"
+                     f"{fmt_value(result[m]['link_ms_per_round'], '.0f')}" for m in modes if m in result]
+            where = f"RTT {run['rtt_ms']:g} ms, {run['bandwidth_mbps']:g} Mbit/s, {backend}"
+            lines.append(f"  {where}: " + "   ".join(parts))
     lines.append("B-model: EE Appendix B, (gamma c + 1) / (r gamma c + 1) with c and r measured in that row "
                  "(compare with SD>FSD)")
+    compared = [run for run in report["runs"] if run.get("torch_over_llama_cpp")]
+    if compared:
+        drafting = [m for m in modes if m != "ar"]
+        lines.append("")
+        lines.append("torch vs llama.cpp drafts: draft ms per drafted token (in sd) on each and torch / llama.cpp, "
+                     "then torch / llama.cpp of each mode's ms per token (> 1: llama.cpp faster)")
+        lines.append(f"{'RTT ms':>7}{'Mbit/s':>8}{'torch':>8}{'llama.cpp':>11}{'ratio':>7}"
+                     + "".join(f"{m + ' ratio':>13}" for m in drafting))
+        for run in compared:
+            results = dict(zip(backends, backend_results(run, backends)))
+            ratio = run["torch_over_llama_cpp"]
+            lines.append(f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}"
+                         f"{fmt_value(results['torch']['draft_ms_per_token'], '.2f'):>8}"
+                         f"{fmt_value(results[LLAMA_CPP]['draft_ms_per_token'], '.2f'):>11}"
+                         f"{fmt_value(ratio['draft_ms_per_token'], '.2f'):>7}"
+                         + "".join(f"{fmt_value(ratio['ms_per_token'].get(m), '.2f'):>13}" for m in drafting))
     return "\n".join(lines)
 
 
@@ -358,15 +453,19 @@ def plot(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = {bw: style for bw, style in zip(sorted({r["bandwidth_mbps"] for r in report["runs"]}, reverse=True),
                                              ("-", "--", ":", "-."))}
+    backends = report.get("draft_backends") or ["torch"]
     for key, label, color in (("ar_to_sd", "AR → SD", "tab:blue"), ("sd_to_fsd", "SD → FSD (EE Alg. 1)", "tab:orange"),
                               ("sd_to_ee", "SD → EE (pre-drafts sent ahead)", "tab:green"),
                               ("ar_to_ee", "AR → EE", "tab:red")):
-        for bw, style in styles.items():
-            points = [(r["rtt_ms"], r["speedup"][key]) for r in report["runs"]
-                      if r["bandwidth_mbps"] == bw and r["speedup"].get(key) is not None]
-            if points:
-                xs, ys = zip(*sorted(points))
-                ax.plot(xs, ys, style, marker="o", color=color, label=f"{label}, {bw:g} Mbit/s")
+        for i, backend in enumerate(backends):
+            for bw, style in styles.items():
+                points = [(r["rtt_ms"], result["speedup"][key]) for r in report["runs"]
+                          for result in backend_results(r, backends)[i:i + 1]
+                          if r["bandwidth_mbps"] == bw and result["speedup"].get(key) is not None]
+                if points:
+                    xs, ys = zip(*sorted(points))
+                    ax.plot(xs, ys, style, marker="os^v"[i % 4], color=color,
+                            label=f"{label}, {bw:g} Mbit/s" + (f", draft on {backend}" if len(backends) > 1 else ""))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("round-trip time, ms (emulated link)")
     ax.set_ylabel("speedup (latency per token ratio)")
@@ -400,6 +499,22 @@ def check_launch_args(items: list[str]) -> None:
         raise ToolError(f"--set: {exc}") from None
 
 
+def draft_backends(text: str | None, draft: str, modes: list[str]) -> list[str]:
+    """--draft-backends as a list (default: both when llama-cpp-python is installed), checked
+    against --draft and --modes before anything starts."""
+    available = llama_cpp_available()
+    default = ",".join(DRAFT_BACKENDS) if available else "torch"
+    backends = list(dict.fromkeys(b.strip() for b in (text or default).split(",") if b.strip()))
+    if not backends or any(b not in DRAFT_BACKENDS for b in backends):
+        raise ToolError(f"--draft-backends: expected a subset of {','.join(DRAFT_BACKENDS)}, got {text!r}")
+    for backend in backends:
+        try:
+            check_draft_spec(resolve_draft_backend(backend, draft or None, available=available)[1])
+        except ToolError as exc:
+            raise ToolError(f"--draft-backends {backend}: {exc}") from None
+    return backends
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="edge-llm-ros bench --scenario edge-cloud",
                description="Cloud AR vs edge-cloud SD vs early exits over emulated links (two node processes).")
@@ -414,7 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help=f"how many bench prompts (1-{len(BENCH_PROMPTS)})")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"new tokens per prompt (default {MAX_NEW_TOKENS})")
     p.add_argument("--gamma", type=int, default=4, help="drafted tokens per round (EE uses 4)")
-    p.add_argument("--draft", default="", metavar="SPEC", help="draft_node's draft ('' = the shipped draft)")
+    p.add_argument("--draft", default="", metavar="SPEC",
+                   help="draft_node's draft, for every draft backend ('' = the shipped draft, on llama.cpp its GGUF)")
+    p.add_argument("--draft-backends", default=None, metavar="LIST",
+                   help="draft_node's draft_backend, a deployment each: comma-separated subset of torch,llama.cpp "
+                        "(default: both when llama-cpp-python is installed, else torch)")
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
                    help="a launch argument for the deployment (repeatable), e.g. min_confidence:=0.3 or "
                         "exit_layers:=16,24")
@@ -450,8 +569,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
                 raise ToolError(f"folder {path.parent} does not exist")
         prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
         check_launch_args(args.set)
+        backends = draft_backends(args.draft_backends, args.draft, modes)
         report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
-                              progress=not args.no_progress, launch_args=args.set)
+                              progress=not args.no_progress, launch_args=args.set, backends=backends)
     except ToolError as exc:
         text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
         print(f"error: {text}", file=err, flush=True)
@@ -468,8 +588,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
             print(f"wrote {png}", file=err, flush=True)
         except ImportError:
             print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
-    for mm in (m for run in report["runs"] for m in run["mismatches"]):
-        print(f"LOSSLESS FAILURE: {mm['mode']} differs from ar on prompt {mm['prompt']}", file=err, flush=True)
+    for run in report["runs"]:
+        for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"])):
+            for mm in result["mismatches"]:
+                print(f"LOSSLESS FAILURE: {mm['mode']} (draft on {backend}, RTT {run['rtt_ms']:g} ms) differs from ar "
+                      f"on prompt {mm['prompt']}", file=err, flush=True)
     return 0 if report["lossless"] else 1
 
 

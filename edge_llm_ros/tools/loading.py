@@ -15,6 +15,10 @@ Draft specs (``--draft SPEC``):
                      ``load_drafter``), or a draft model: a directory with an HF config.json
                      or a .gguf file, loaded as an independent causal LM with the target's
                      tokenizer
+    llama.cpp        the shipped trained draft exported to GGUF, run by llama.cpp on the CPU
+                     (core's ``load_llama_drafter``; exported once into the model cache)
+    llama.cpp:PATH   any GGUF draft (PATH a .gguf file) run by llama.cpp; its vocabulary must
+                     be the target's token for token, or it is refused before generation
 
 With no spec: :func:`default_draft` (core's default or shipped trained draft, else
 ``shallow`` with :func:`default_shallow_layers`). Only ``edge_llm_ros.core`` is imported
@@ -137,6 +141,14 @@ def check_draft_spec(spec: str | None) -> None:
     """Syntax check before any model is loaded (so a typo fails in milliseconds)."""
     if spec is None or spec == "lookup":
         return
+    if is_llama_cpp_spec(spec):
+        path = llama_cpp_path(spec)
+        if spec != LLAMA_CPP and (path.suffix != ".gguf" or not path.is_file()):
+            raise ToolError(f"bad draft spec {spec!r}: expected llama.cpp or llama.cpp:PATH with an existing "
+                            ".gguf file")
+        if not llama_cpp_available():
+            raise ToolError(f"draft {spec!r} needs llama-cpp-python (make install builds it)")
+        return
     if spec.split(":")[0] == "exit":
         parts = spec.split(":", 2)
         if len(parts) < 2 or not parts[1].isdigit() or int(parts[1]) < 1:
@@ -153,11 +165,14 @@ def check_draft_spec(spec: str | None) -> None:
         raise ToolError(f"bad draft spec {spec!r}: expected shallow[:K[:V]], exit:K, lookup, or an existing draft path")
 
 
-def build_drafter(spec: str | None, target: TorchCausalLM) -> Draft:
-    """The drafter named by ``spec`` (see the module docstring); None: :func:`default_draft`."""
+def build_drafter(spec: str | None, target: TorchCausalLM, *, threads: int | None = None) -> Draft:
+    """The drafter named by ``spec`` (see the module docstring); None: :func:`default_draft`.
+    ``threads``: a llama.cpp draft's threads (default: torch's)."""
     if spec is None:
         return default_draft(target)
     check_draft_spec(spec)
+    if is_llama_cpp_spec(spec):
+        return llama_cpp_draft(spec, target, threads=threads)
     if spec == "lookup":
         drafter = PromptLookupDrafter()
         return Draft(spec, drafter, f"prompt lookup (n-gram {drafter.min_ngram}..{drafter.max_ngram})")
@@ -256,6 +271,143 @@ def load_draft_path(path: Path, target: TorchCausalLM) -> Draft:
     except (OSError, ValueError) as exc:
         raise ToolError(f"cannot load draft model {path}: {str(exc).splitlines()[0]}") from exc
     return Draft(str(path), ModelDrafter(model), f"independent model {path.name}")
+
+
+# -- drafts on llama.cpp -------------------------------------------------------------------------
+
+LLAMA_CPP = "llama.cpp"
+DRAFT_BACKENDS = ("auto", "torch", LLAMA_CPP)
+
+
+def is_llama_cpp_spec(spec: str | None) -> bool:
+    return spec is not None and (spec == LLAMA_CPP or spec.startswith(LLAMA_CPP + ":"))
+
+
+def llama_cpp_path(spec: str) -> Path | None:
+    """The GGUF file of a ``llama.cpp[:PATH]`` spec; None: the shipped draft's."""
+    return None if spec == LLAMA_CPP else Path(spec[len(LLAMA_CPP) + 1:])
+
+
+def llama_cpp_available() -> bool:
+    from edge_llm_ros.core.llama_backend import llama_cpp_available as available
+
+    return available()
+
+
+def resolve_draft_backend(backend: str, spec: str | None, planned: str | None = None,
+                          available: bool | None = None) -> tuple[str, str | None, str]:
+    """(backend, draft spec, why) for a draft node's ``draft_backend`` and ``draft``.
+
+    An explicit draft spec decides the backend (``auto``): ``llama.cpp[:PATH]`` runs on
+    llama.cpp, any other on torch. With no spec, ``auto`` takes ``planned`` (the device plan's
+    ``draft_backend``), else llama.cpp when llama-cpp-python is importable, else torch; the
+    llama.cpp backend's default draft is the shipped one's GGUF (``llama.cpp``) and a .gguf
+    PATH becomes ``llama.cpp:PATH``. A spec that contradicts an explicit backend is a ToolError.
+    """
+    if backend not in DRAFT_BACKENDS:
+        raise ToolError(f"expected {' | '.join(DRAFT_BACKENDS)}, got {backend!r}")
+    available = llama_cpp_available() if available is None else available
+    why = "as set"
+    if backend == "auto":
+        if spec:
+            backend, why = (LLAMA_CPP if is_llama_cpp_spec(spec) else "torch"), "auto: the draft spec's"
+        elif planned is not None:
+            if planned not in DRAFT_BACKENDS[1:]:
+                raise ToolError(f"the device plan's draft_backend is {planned!r}, expected torch or llama.cpp")
+            backend, why = planned, "auto: the device plan's"
+            if planned == LLAMA_CPP and not available:
+                backend, why = "torch", "auto: the device plan says llama.cpp, but llama-cpp-python is not installed"
+        else:
+            backend = LLAMA_CPP if available else "torch"
+            why = f"auto: no device plan, llama-cpp-python {'installed' if available else 'not installed'}"
+    if backend == "torch":
+        if is_llama_cpp_spec(spec):
+            raise ToolError(f"draft {spec!r} runs on llama.cpp, but draft_backend is torch")
+        return backend, spec or None, why
+    if not available:
+        raise ToolError("draft_backend llama.cpp needs llama-cpp-python (make install builds it)")
+    if not spec:
+        spec = LLAMA_CPP
+    elif spec.endswith(".gguf") and not is_llama_cpp_spec(spec):
+        spec = f"{LLAMA_CPP}:{spec}"
+    elif not is_llama_cpp_spec(spec):
+        raise ToolError(f"draft {spec!r} runs on torch; with draft_backend llama.cpp the draft is '' (the shipped "
+                        "draft's GGUF), llama.cpp:PATH or a .gguf PATH")
+    return backend, spec, why
+
+
+@dataclass
+class TargetVocabulary:
+    """What a llama.cpp draft needs of its target: the tokenizer and the size of the target's
+    logits, without its weights (the robot of edge-cloud decoding holds no target)."""
+
+    tokenizer: Any
+    vocab_size: int
+    path: Path
+
+
+def target_vocabulary(model: str | None = None) -> TargetVocabulary:
+    """The target ``model``'s (default SmolLM2) tokenizer and vocabulary size: a GGUF's tokenizer has
+    every token of the file; a model folder's config.json says ``vocab_size`` (padded vocabularies)."""
+    from edge_llm_ros.core.models import default_model_path
+
+    path = Path(model) if model else default_model_path()
+    tokenizer = core.load_tokenizer(path)
+    vocab_size = len(tokenizer)
+    if path.is_dir() and (path / "config.json").is_file():
+        vocab_size = json.loads((path / "config.json").read_text()).get("vocab_size") or vocab_size
+    return TargetVocabulary(tokenizer, vocab_size, path)
+
+
+def llama_cpp_draft(spec: str, target: TorchCausalLM | TargetVocabulary, *, threads: int | None = None) -> Draft:
+    """``llama.cpp[:PATH]``: core's ``load_llama_drafter``, a ModelDrafter over its own LlamaCppLM
+    (one live cache each: build one per drafting thread) with the target's tokenizer, refused if
+    its vocabulary is not the target's."""
+    load = _core_llama_drafter()
+    try:
+        drafter = load(target, llama_cpp_path(spec), n_threads=threads)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ToolError(f"cannot use draft {spec!r}: {' '.join(str(exc).split())}") from exc
+    lm, what = drafter.model, ("shipped trained draft" if spec == LLAMA_CPP else "GGUF draft")
+    threads = f"{lm.n_threads} thread{'s' * (lm.n_threads != 1)}"
+    return Draft(spec, drafter, f"{what} {lm.path.name} on llama.cpp ({threads})")
+
+
+def planned_draft_backend(model: str | None = None, warn=None) -> str | None:
+    """The saved device plan's ``draft_backend`` for ``model`` (default SmolLM2; ``edge-llm-ros plan
+    --device``). None: no plan saved, or one measured for another model (``warn(reason)`` says so)."""
+    try:
+        from edge_llm_ros.core.device_plan import load_plan
+    except ImportError:  # a core without device plans
+        return None
+    from edge_llm_ros.core.models import default_model_path
+
+    try:
+        plan = load_plan(model=model or default_model_path(), warn=warn)
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot read the saved device plan: {' '.join(str(exc).split())}") from exc
+    return None if plan is None else plan.draft_backend
+
+
+def build_drafters(backend: str, spec: str | None, model: str | None, count: int, threads: int | None = None
+                   ) -> tuple[list[Draft], Any]:
+    """``count`` drafters named by ``spec`` on ``backend`` (each with model state of its own: one per
+    drafting thread) and the target's tokenizer. On llama.cpp only the target's tokenizer is
+    loaded (:func:`target_vocabulary`), never its torch weights; ``threads`` per llama.cpp drafter."""
+    if backend == LLAMA_CPP:
+        target = target_vocabulary(model)
+        return [llama_cpp_draft(spec, target, threads=threads) for _ in range(count)], target.tokenizer
+    target = load_model(model)
+    return [build_drafter(spec, target) for _ in range(count)], target.tokenizer
+
+
+def _core_llama_drafter():
+    try:
+        from edge_llm_ros.core.gguf_export import load_llama_drafter
+    except ImportError as exc:
+        raise ToolError("llama.cpp drafts need edge_llm_ros.core.gguf_export (load_llama_drafter), which this core "
+                        "does not have") from exc
+    return load_llama_drafter
 
 
 # -- the same draft inside transformers' assisted generation -------------------------------------

@@ -6,6 +6,8 @@ The streamed text must be the target's plain greedy output (computed here with c
 mode ar) in every edge mode, also when VerifyResults come twice, late or out of order; draft_node
 publishes per-request and periodic aggregate InferenceStats; an unknown goal mode aborts that goal
 only; a verifier killed mid-run must make the goal abort with a clear error within timeout_s.
+The shared deployment drafts on torch (draft_backend:=torch); a second draft_node drafting on
+llama.cpp (the shipped draft's GGUF, the target's tokenizer only) must stream the same output.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def nodes(rt_session, router_endpoint):
     from edge_llm_ros import runtime as rtf
 
     verifier = Proc(node_cmd("verifier_node"))
-    draft = Proc(node_cmd("draft_node", f"max_new_tokens:={MAX_NEW_TOKENS}", f"timeout_s:={TIMEOUT_S}"))
+    draft = Proc(node_cmd("draft_node", "draft_backend:=torch", f"max_new_tokens:={MAX_NEW_TOKENS}",
+                          f"timeout_s:={TIMEOUT_S}"))
     probe = rt_session.Node("edge_cloud_probe", namespace="edge_llm")
     client = rtf.ActionClient(probe, rtf.action("edge_llm_ros/action/Generate"), "generate")
     try:
@@ -160,12 +163,66 @@ def test_launch_file_lists_both_nodes_and_the_links(router_endpoint):
 
 @pytest.mark.parametrize("module, param, named", [("draft_node", "mode:=llmcad", "'mode'"),
                                                   ("draft_node", "draft:=exit:x", "'draft'"),
+                                                  ("draft_node", "draft_backend:=bogus", "'draft_backend': expected "
+                                                   "auto | torch | llama.cpp, got 'bogus'"),
                                                   ("verifier_node", "threads:=-1", "'threads'")])
 def test_bad_parameter_is_one_line_and_exit_2(router_endpoint, module, param, named):
     proc = Proc(node_cmd(module, param))
     assert proc.wait(120) == 2, proc.output
     errors = [line for line in proc.lines if line.startswith("error:")]
     assert len(errors) == 1 and named in errors[0], proc.output
+
+
+def test_draft_backend_auto_follows_the_spec_then_the_plan_then_llama_cpp_python():
+    from edge_llm_ros.tools.loading import ToolError, resolve_draft_backend
+
+    assert resolve_draft_backend("auto", "shallow:4", "llama.cpp", True)[:2] == ("torch", "shallow:4")
+    assert resolve_draft_backend("auto", "llama.cpp:d.gguf", "torch", True)[:2] == ("llama.cpp", "llama.cpp:d.gguf")
+    assert resolve_draft_backend("auto", None, "torch", True) == ("torch", None, "auto: the device plan's")
+    assert resolve_draft_backend("auto", None, None, True)[:2] == ("llama.cpp", "llama.cpp")
+    assert resolve_draft_backend("auto", None, None, False)[:2] == ("torch", None)
+    assert resolve_draft_backend("auto", None, "llama.cpp", False)[:2] == ("torch", None)  # planned, not installed
+    assert resolve_draft_backend("llama.cpp", "d.gguf", None, True)[:2] == ("llama.cpp", "llama.cpp:d.gguf")
+    for backend, spec, message in (("torch", "llama.cpp", "runs on llama.cpp, but draft_backend is torch"),
+                                   ("llama.cpp", "exit:16", "'exit:16' runs on torch"),
+                                   ("llama.cpp", None, "needs llama-cpp-python")):
+        with pytest.raises(ToolError, match=message):
+            resolve_draft_backend(backend, spec, None, backend != "llama.cpp" or spec is not None)
+
+
+def test_a_draft_of_another_vocabulary_is_refused_before_generation():
+    from edge_llm_ros.core.models import default_model_path
+    from edge_llm_ros.tools.loading import ToolError, build_drafter, tiny_target
+
+    with pytest.raises(ToolError, match="vocabulary of 49152 tokens, the target .* 258"):
+        build_drafter(f"llama.cpp:{default_model_path()}", tiny_target())  # SmolLM2's 49152 tokens vs 258 bytes
+
+
+def test_llama_cpp_draft_node_streams_the_target_greedy_output(nodes, reference):
+    """A second draft_node on the same verifier drafting on llama.cpp (draft_backend:=llama.cpp, the
+    shipped draft's GGUF, a goal namespace of its own): ee output equals SmolLM2's greedy output."""
+    from edge_llm_ros import runtime as rtf
+
+    _, _, probe, _ = nodes
+    draft = Proc([*node_cmd("draft_node", "draft_backend:=llama.cpp", f"max_new_tokens:={MAX_NEW_TOKENS}",
+                            f"timeout_s:={TIMEOUT_S}"), "-r", "generate:=generate_llama"])
+    client = rtf.ActionClient(probe, rtf.action("edge_llm_ros/action/Generate"), "generate_llama")
+    try:
+        line = draft.wait_for_line("drafting with", 180)
+        assert "on llama.cpp" in line and "draft backend llama.cpp (as set)" in line, line
+        assert client.wait_for_server(30)
+        for prompt in PROMPTS:
+            tokens, text = reference[prompt]
+            handle, feedback, _ = send(client, prompt, mode="ee")
+            response = handle.get_result_async().result(120)
+            assert_greedy(response, feedback, Reference(tokens, text, "length"))
+            stats = response.result.stats
+            assert stats.tau >= 1.0 and stats.draft_time_s > 0
+            print(f"\nllama.cpp draft, {prompt[:30]!r}: tau {stats.tau:.2f}, miss rate {stats.cache_miss_rate:.2f}, "
+                  f"draft {1000 * stats.draft_time_s:.0f} ms on the critical path")
+    finally:
+        client.destroy()
+        draft.stop()
 
 
 def test_streamed_text_equals_target_greedy_over_50ms_rtt(nodes, reference):
