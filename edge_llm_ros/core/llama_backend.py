@@ -30,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,11 @@ class LlamaCppLM:
         n_ctx: int = DEFAULT_CONTEXT,
         n_threads: int | None = None,
         tokenizer: Any = "auto",
+        embed: Callable[[list[int]], np.ndarray] | None = None,
     ) -> None:
+        """``embed``: token ids -> input embeddings [T, n_embd] (fp32), fed to llama.cpp instead of
+        the ids (then the ids need not be in the GGUF's vocabulary, as for a draft whose vocabulary
+        is a subset of its target's: see :mod:`.gguf_export`); None: llama.cpp looks the ids up."""
         import llama_cpp as lc
 
         self._lc = lc
@@ -99,7 +103,9 @@ class LlamaCppLM:
         self.vocab_size = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model))
         self.max_context = n_ctx
         self.n_threads = threads
-        self._batch = lc.llama_batch_init(n_ctx, 0, 1)
+        self._embed = embed
+        self._n_embd = lc.llama_model_n_embd(self._model)
+        self._batch = lc.llama_batch_init(n_ctx, self._n_embd if embed is not None else 0, 1)  # embd or token
         self._live: LlamaCache | None = None
         self.tokenizer = load_tokenizer(self.path) if tokenizer == "auto" else tokenizer
 
@@ -166,8 +172,15 @@ class LlamaCppLM:
     def _decode(self, tokens: list[int], positions: list[int], want: list[bool]) -> list[np.ndarray | None]:
         """One ``llama_decode`` of a chain on sequence 0; the logits of the rows in ``want``."""
         batch = self._batch
+        if self._embed is not None:
+            rows = np.ascontiguousarray(self._embed(tokens), dtype=np.float32)  # [T, n_embd]
+            if rows.shape != (len(tokens), self._n_embd):
+                raise ValueError(f"embed gave {list(rows.shape)} for {len(tokens)} tokens, "
+                                 f"expected [{len(tokens)}, {self._n_embd}]")
+            ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
         for i, (tok, pos, logits) in enumerate(zip(tokens, positions, want)):
-            batch.token[i] = tok
+            if self._embed is None:
+                batch.token[i] = tok
             batch.pos[i] = pos
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0

@@ -7,7 +7,7 @@
     edge-llm-ros action list|send_goal
     edge-llm-ros interface show TYPE
     edge-llm-ros bag record|play|info
-    edge-llm-ros generate|bench|train|plan ...   (the engine; see --help of each)
+    edge-llm-ros generate|bench|train|plan|export ...   (the engine; see --help of each)
     edge-llm-ros demo
 
 Exit codes: 0 success, 1 a runtime failure (timeout, server gone), 2 bad
@@ -377,7 +377,7 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)",
-        epilog="more verbs: demo, generate, bench, train, plan (each has --help)")
+        epilog="more verbs: demo, generate, bench, train, plan, export (each has --help)")
     verbs = p.add_subparsers(dest="verb", required=True)
 
     launch = verbs.add_parser("launch", help="run a deployment: launch file name or params YAML", add_help=False)

@@ -1,11 +1,14 @@
 """``edge-llm-ros export draft``: write a trained draft as a GGUF file that llama.cpp runs.
 
     edge-llm-ros export draft                              # the shipped draft, into the model cache
-    edge-llm-ros export draft --out draft.gguf --type f16
+    edge-llm-ros export draft --out draft.gguf --type f16 --vocab full
     edge-llm-ros export draft --draft drafts/k4 --model SmolLM2.Q8_0.gguf --out k4.gguf
 
 The draft's layers and norm, with the target GGUF's token embedding (tied head) and tokenizer
-(core's :func:`~edge_llm_ros.core.gguf_export.export_draft_gguf`). Without ``--out`` the export
+(core's :func:`~edge_llm_ros.core.gguf_export.export_draft_gguf`). ``--vocab subset`` (the default)
+writes a head over the draft's vocabulary subset only (cheaper per token); that file reads its
+input embeddings from the target GGUF it was exported for, at that path. ``--vocab full`` writes a
+self-contained file scoring the whole vocabulary. Without ``--out`` the export
 goes where ``--draft llama.cpp`` looks for it (the model cache), and is reused if it is there.
 Exit codes: 0 success, 2 bad input (one ``error: ...`` line on stderr).
 """
@@ -18,7 +21,14 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from edge_llm_ros.core.gguf_export import DEFAULT_LAYER_TYPE, LAYER_TYPES, default_draft_gguf, export_draft_gguf
+from edge_llm_ros.core.gguf_export import (
+    DEFAULT_LAYER_TYPE,
+    DEFAULT_VOCAB,
+    LAYER_TYPES,
+    VOCABS,
+    default_draft_gguf,
+    export_draft_gguf,
+)
 from edge_llm_ros.core.models import MODEL_CACHE_ENV, model_cache_root
 
 from .generate import Parser, one_line
@@ -34,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default=None, metavar="FILE", help="where to write (default: the model cache)")
     d.add_argument("--type", default=DEFAULT_LAYER_TYPE, choices=LAYER_TYPES,
                    help=f"layer weight type (default: {DEFAULT_LAYER_TYPE})")
+    d.add_argument("--vocab", default=DEFAULT_VOCAB, choices=VOCABS,
+                   help=f"head over the draft's vocabulary subset (reads the target GGUF's embedding) or the whole "
+                        f"vocabulary (self-contained) (default: {DEFAULT_VOCAB})")
     return p
 
 
@@ -48,9 +61,9 @@ def export_draft(args: argparse.Namespace) -> tuple[Path, float]:
     start = time.time()
     try:
         if args.out is None:
-            path = default_draft_gguf(args.model, args.draft, args.type)
+            path = default_draft_gguf(args.model, args.draft, args.type, args.vocab)
         else:
-            path = export_draft_gguf(args.draft, args.model, args.out, args.type)
+            path = export_draft_gguf(args.draft, args.model, args.out, args.type, args.vocab)
     except (OSError, ValueError) as exc:
         raise ToolError(f"cannot export the draft: {one_line(exc)}") from exc
     return path, start

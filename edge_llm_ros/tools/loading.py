@@ -39,6 +39,10 @@ import torch
 
 from edge_llm_ros import core
 from edge_llm_ros.core import ModelDrafter, PromptLookupDrafter, TorchCausalLM, load_model, tiny_llama
+from edge_llm_ros.core.device_plan import load_plan
+from edge_llm_ros.core.gguf_export import load_llama_drafter
+from edge_llm_ros.core.llama_backend import llama_cpp_available
+from edge_llm_ros.core.models import default_model_path
 
 # The default shallow draft keeps this fraction of the target's layers (10 of SmolLM2's 30).
 SHALLOW_FRACTION = 1 / 3
@@ -288,12 +292,6 @@ def llama_cpp_path(spec: str) -> Path | None:
     return None if spec == LLAMA_CPP else Path(spec[len(LLAMA_CPP) + 1:])
 
 
-def llama_cpp_available() -> bool:
-    from edge_llm_ros.core.llama_backend import llama_cpp_available as available
-
-    return available()
-
-
 def resolve_draft_backend(backend: str, spec: str | None, planned: str | None = None,
                           available: bool | None = None) -> tuple[str, str | None, str]:
     """(backend, draft spec, why) for a draft node's ``draft_backend`` and ``draft``.
@@ -349,8 +347,6 @@ class TargetVocabulary:
 def target_vocabulary(model: str | None = None) -> TargetVocabulary:
     """The target ``model``'s (default SmolLM2) tokenizer and vocabulary size: a GGUF's tokenizer has
     every token of the file; a model folder's config.json says ``vocab_size`` (padded vocabularies)."""
-    from edge_llm_ros.core.models import default_model_path
-
     path = Path(model) if model else default_model_path()
     tokenizer = core.load_tokenizer(path)
     vocab_size = len(tokenizer)
@@ -363,9 +359,8 @@ def llama_cpp_draft(spec: str, target: TorchCausalLM | TargetVocabulary, *, thre
     """``llama.cpp[:PATH]``: core's ``load_llama_drafter``, a ModelDrafter over its own LlamaCppLM
     (one live cache each: build one per drafting thread) with the target's tokenizer, refused if
     its vocabulary is not the target's."""
-    load = _core_llama_drafter()
     try:
-        drafter = load(target, llama_cpp_path(spec), n_threads=threads)
+        drafter = load_llama_drafter(target, llama_cpp_path(spec), n_threads=threads)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ToolError(f"cannot use draft {spec!r}: {' '.join(str(exc).split())}") from exc
     lm, what = drafter.model, ("shipped trained draft" if spec == LLAMA_CPP else "GGUF draft")
@@ -376,12 +371,6 @@ def llama_cpp_draft(spec: str, target: TorchCausalLM | TargetVocabulary, *, thre
 def planned_draft_backend(model: str | None = None, warn=None) -> str | None:
     """The saved device plan's ``draft_backend`` for ``model`` (default SmolLM2; ``edge-llm-ros plan
     --device``). None: no plan saved, or one measured for another model (``warn(reason)`` says so)."""
-    try:
-        from edge_llm_ros.core.device_plan import load_plan
-    except ImportError:  # a core without device plans
-        return None
-    from edge_llm_ros.core.models import default_model_path
-
     try:
         plan = load_plan(model=model or default_model_path(), warn=warn)
     except (OSError, ValueError) as exc:
@@ -399,15 +388,6 @@ def build_drafters(backend: str, spec: str | None, model: str | None, count: int
         return [llama_cpp_draft(spec, target, threads=threads) for _ in range(count)], target.tokenizer
     target = load_model(model)
     return [build_drafter(spec, target) for _ in range(count)], target.tokenizer
-
-
-def _core_llama_drafter():
-    try:
-        from edge_llm_ros.core.gguf_export import load_llama_drafter
-    except ImportError as exc:
-        raise ToolError("llama.cpp drafts need edge_llm_ros.core.gguf_export (load_llama_drafter), which this core "
-                        "does not have") from exc
-    return load_llama_drafter
 
 
 # -- the same draft inside transformers' assisted generation -------------------------------------
