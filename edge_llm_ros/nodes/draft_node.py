@@ -20,7 +20,7 @@ torch; llama.cpp:PATH or a .gguf PATH on llama.cpp), draft_backend (auto | torch
 which runs the draft; auto = the draft spec's, else the device plan's (`edge-llm-ros plan
 --device`), else llama.cpp when llama-cpp-python is installed, else torch), model ('' =
 SmolLM2: the tokenizer, and on torch the weights the draft shares), mode (ee | fsd | sd | tree |
-ar; a goal's `mode` overrides it; tree needs a draft that decodes token trees), gamma,
+ar; a goal's `mode` overrides it), gamma,
 max_new_tokens (when a goal says 0), timeout_s, predraft_workers (pre-draft threads, a drafter
 each; one more drafter serves misses), chat_template (apply the tokenizer's chat template),
 threads (torch threads, or each llama.cpp drafter's), stats_period_s (aggregate InferenceStats
