@@ -14,6 +14,7 @@ describe(), so this module imports without ROS 2.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ def describe(nodes: list[dict[str, Any]], config: str):
         overrides = {key: LaunchConfiguration(key, default=format_param_value(value))
                      for key, value in node_params[spec.fqn].items()}
         extra = {"on_exit": Shutdown(reason=f"required node {spec.fqn} exited")} if spec.required else {}
+        if spec.prefix:
+            extra["prefix"] = shlex.join(spec.prefix)
         actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
                             namespace=spec.namespace or None, parameters=[str(params_file), overrides],
                             remappings=spec.remappings, output="screen", **extra))

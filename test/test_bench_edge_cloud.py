@@ -117,6 +117,14 @@ def test_table_of_one_backend_has_no_comparison():
     assert "torch vs llama.cpp" not in table
 
 
+def test_pinning_puts_each_node_on_a_core_of_its_own(monkeypatch):
+    monkeypatch.setattr(ec.os, "sched_getaffinity", lambda pid: {3, 1, 2})
+    assert ec.node_cores(True) == {"verifier_node": 1, "draft_node": 2}
+    assert ec.node_cores(False) is None
+    monkeypatch.setattr(ec.os, "sched_getaffinity", lambda pid: {0})
+    assert ec.node_cores(True) is None  # one core: nothing to pin apart
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--rtt", "ten"], "--rtt takes comma-separated numbers"),
     (["--bandwidth", "0"], "--bandwidth must be > 0"),

@@ -13,7 +13,8 @@ calls. Each node runs as its own process,
     python -m edge_llm_ros.nodes.<executable> --ros-args -r __node:=<name> -r __ns:=/<namespace>
         --params-file <config> [-p key:=value ...] [-r from:=to ...]
 
-(a NODES entry may name another `module`, or a whole `cmd` prefix). A
+(a NODES entry may name another `module`, or a whole `cmd`; its `prefix`, as in
+launch_ros, goes before the command, e.g. "taskset -c 1" or "nice -n 5"). A
 `name:=value` launch argument overrides that parameter on every node whose
 entries in the params file have it; any other name is an error.
 
@@ -41,6 +42,7 @@ import os
 import queue
 import re
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -59,7 +61,7 @@ PACKAGE = "edge_llm_ros"
 NODES_PACKAGE = f"{PACKAGE}.nodes"
 ROUTER_NAME = "zenoh_router"
 ROUTER_TIMEOUT_S = 10.0
-_NODE_KEYS = ("executable", "name", "namespace", "remappings", "required", "module", "cmd")
+_NODE_KEYS = ("executable", "name", "namespace", "remappings", "required", "module", "cmd", "prefix")
 _COLORS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92, 94)
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENDPOINT = re.compile(r"tcp/(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):\d{1,5}")
@@ -90,6 +92,7 @@ class NodeSpec:
     required: bool = True
     module: str | None = None  # default edge_llm_ros.nodes.<executable>
     cmd: list[str] | None = None  # replaces [python, -m, module]
+    prefix: list[str] = field(default_factory=list)  # before the command (launch_ros' prefix): taskset, nice ...
     parameters: dict[str, str] = field(default_factory=dict)  # launch-argument overrides, `-p` text
 
     @property
@@ -123,12 +126,17 @@ class NodeSpec:
         cmd = entry.get("cmd")
         if cmd is not None and not (isinstance(cmd, (list, tuple)) and cmd and all(isinstance(c, str) for c in cmd)):
             raise LaunchError(f"{source}: 'cmd' is a non-empty list of strings, got {cmd!r}")
+        prefix = entry.get("prefix") or []
+        if isinstance(prefix, str):
+            prefix = shlex.split(prefix)
+        if not (isinstance(prefix, (list, tuple)) and all(isinstance(p, str) for p in prefix)):
+            raise LaunchError(f"{source}: 'prefix' is a string or a list of strings, got {prefix!r}")
         return cls(executable=executable, name=name, namespace=namespace, remappings=remappings,
                    required=bool(entry.get("required", True)), module=entry.get("module"),
-                   cmd=list(cmd) if cmd else None)
+                   cmd=list(cmd) if cmd else None, prefix=list(prefix))
 
     def command(self, params_file: Path | None) -> list[str]:
-        base = list(self.cmd) if self.cmd else [sys.executable, "-m", self.module_name]
+        base = self.prefix + (list(self.cmd) if self.cmd else [sys.executable, "-m", self.module_name])
         ros = ["--ros-args", "-r", f"__node:={self.name}"]
         if self.namespace:
             ros += ["-r", f"__ns:=/{self.namespace}"]

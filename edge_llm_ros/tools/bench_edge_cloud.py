@@ -8,7 +8,9 @@ emulated links (EE, Table 6's columns).
 For each link setting and each draft backend (``--draft-backends``: torch and llama.cpp when
 llama-cpp-python is installed) a fresh deployment of ``launch/edge_cloud.launch.py`` runs:
 verifier_node and draft_node (``draft_backend:=...``) as two processes, one thread each (torch's,
-or each llama.cpp drafter's), the link emulated in the runtime (one-way latency RTT/2 and the
+or each llama.cpp drafter's), sharing the machine's cores (``--pin``: each on a core of its own with
+``taskset``; on the 2-core dev machine that was slower, 5-15%: each node's Zenoh and Python threads
+then queue behind its compute), the link emulated in the runtime (one-way latency RTT/2 and the
 bandwidth each way; figures are labelled "emulated link"). This process is the robot's
 application: it sends Generate goals, each prompt in every mode in turn, and times each goal from
 sending to its result. ``ar`` drafts nothing, so it runs once per setting, in the first backend's
@@ -44,6 +46,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import sys
 import threading
 import time
@@ -108,11 +111,15 @@ class LineLog:
 class Deployment:
     """launch/edge_cloud.launch.py with one link setting, run by the embedded launcher on a thread."""
 
-    def __init__(self, endpoint: str, rtt_ms: float, bandwidth_mbps: float, args: list[str], log: LineLog) -> None:
+    def __init__(self, endpoint: str, rtt_ms: float, bandwidth_mbps: float, args: list[str], log: LineLog,
+                 cores: dict[str, int] | None = None) -> None:
         from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
 
         one_way = rtt_ms / 2
         plan = load_plan("edge_cloud")
+        for node in plan.nodes:  # each node on a core of its own, as on two devices (launch_ros' prefix)
+            if cores and node.name in cores:
+                node.prefix = ["taskset", "-c", str(cores[node.name])]
         apply_launch_args(plan, [
             f"link_emulation.uplink.latency_ms:={one_way}", f"link_emulation.downlink.latency_ms:={one_way}",
             f"link_emulation.uplink.bandwidth_mbps:={bandwidth_mbps}",
@@ -298,9 +305,18 @@ def compare_backends(first: dict, second: dict, modes: list[str]) -> dict:
                              for m in modes if m != "ar" and m in first and m in second}}
 
 
+def node_cores(pin: bool) -> dict[str, int] | None:
+    """The core each node is pinned to (verifier_node, draft_node: two devices), or None: not pinned
+    (``pin`` off, fewer than two usable cores, or no taskset)."""
+    usable = sorted(os.sched_getaffinity(0))
+    if not pin or len(usable) < 2 or shutil.which("taskset") is None:
+        return None
+    return {"verifier_node": usable[0], "draft_node": usable[1]}
+
+
 def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[BenchPrompt], modes: list[str],
                  max_new_tokens: int, gamma: int, draft: str, log_path: Path | None, progress: bool,
-                 launch_args: list[str] = (), backends: list[str] = ("torch",)) -> dict:
+                 launch_args: list[str] = (), backends: list[str] = ("torch",), pin: bool = False) -> dict:
     from tqdm import tqdm
 
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
@@ -314,6 +330,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
     if not router_ready.wait(20):
         raise ToolError(f"could not start a zenoh router at {endpoint}")
     log = LineLog(log_path)
+    cores = node_cores(pin)
     settings = [(rtt, bw) for rtt in rtts for bw in bandwidths]
     node_args = ["threads:=1", f"gamma:={gamma}", "timeout_s:=120.0", "stats_period_s:=0.0"]
     if draft:
@@ -331,7 +348,8 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                 reference = None
                 for i, backend in enumerate(backends):
                     bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s, draft on {backend}")
-                    with Deployment(endpoint, rtt, bw, [*node_args, f"draft_backend:={backend}"], log) as deployment:
+                    with Deployment(endpoint, rtt, bw, [*node_args, f"draft_backend:={backend}"], log,
+                                    cores) as deployment:
                         goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
                                           max_new_tokens, bar)
                     result = report_backend(goals, prompts, gamma, reference)
@@ -357,7 +375,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "deployment": {"launch": "edge_cloud", "processes": ["verifier_node", "draft_node"], "torch_threads": 1,
                        "llama_cpp_threads_per_drafter": 1, "draft": draft or "shipped", "exits": "shipped",
-                       "gamma": gamma, "draft_backends": backends,
+                       "gamma": gamma, "draft_backends": backends, "cores": cores,
                        "launch_arguments": [*node_args, "draft_backend:=<each of draft_backends>"]},
         "max_new_tokens": max_new_tokens,
         "prompts": [{"name": p.name, "text": p.text} for p in prompts],
@@ -394,7 +412,9 @@ def backend_results(run: dict, backends: list[str]) -> list[dict]:
 def format_table(report: dict) -> str:
     modes = report["modes"]
     backends = report.get("draft_backends") or [report["runs"][0].get("draft_backend", "torch")]
-    lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, gamma "
+    cores = report["deployment"].get("cores")
+    pinned = (f"on cores {cores['verifier_node']} and {cores['draft_node']}" if cores else "sharing every core")
+    lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, {pinned}, gamma "
              f"{report['deployment']['gamma']}, {len(report['prompts'])} prompts x {report['max_new_tokens']} tokens, "
              f"draft on {', '.join(backends)}"]
     head = f"{'RTT ms':>7}{'Mbit/s':>8}  {'draft':<10}" + "".join(f"{m + ' ms/tok':>13}" for m in modes)
@@ -539,6 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "exit_layers:=16,24")
     p.add_argument("--quick", action="store_true", help=f"one short prompt, {QUICK_MAX_NEW_TOKENS} tokens")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--pin", action="store_true",
+                   help="each node on a core of its own, with taskset (default: the nodes share every core)")
     return p
 
 
@@ -571,7 +593,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         check_launch_args(args.set)
         backends = draft_backends(args.draft_backends, args.draft, modes)
         report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
-                              progress=not args.no_progress, launch_args=args.set, backends=backends)
+                              progress=not args.no_progress, launch_args=args.set, backends=backends,
+                              pin=args.pin)
     except ToolError as exc:
         text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
         print(f"error: {text}", file=err, flush=True)

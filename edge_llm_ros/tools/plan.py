@@ -6,7 +6,7 @@
 What it measures (Ghidorah §III-C: the verification width that pays depends on the hardware):
 
 * on each backend (torch; llama.cpp when llama-cpp-python is installed), the target's cost of
-  evaluating n chain rows after a 240-token prefix, n = 1..MAX_ROWS, and of verifying a drafted
+  evaluating n chain rows after a 240-token prefix (ROWS: 1-8, then up to 32 for the curve), and of verifying a drafted
   tree of each of TREE_SHAPES (llama.cpp decodes a tree as chains, so that is not cost(W + 1));
 * each drafter (the shipped draft on torch; its GGUF on llama.cpp): ms per drafted token for a
   chain of γ = 4 and per whole tree for each of TREE_SHAPES, and τ, tokens per verification, of
@@ -50,8 +50,11 @@ from .generate import Parser, one_line
 from .loading import LLAMA_CPP, ToolError, build_drafter, load_target, set_threads
 
 PREFIX = 240
-MAX_ROWS, MAX_GAMMA = 8, 6
-# Trees verified within MAX_ROWS rows (root + W nodes); the last is the ``tree`` preset.
+MAX_GAMMA = 6
+# Rows whose cost is measured: 1-8 score the candidates (sd up to MAX_GAMMA + 1 rows, trees up to 8),
+# the rest show how the cost grows; --quick measures fewer of them.
+ROWS, QUICK_ROWS = (*range(1, 9), 12, 16, 24, 32), (*range(1, 9), 16, 32)
+# Trees verified within 8 rows (root + W nodes); the last is the ``tree`` preset.
 TREE_SHAPES = (TreeSpec(depth=3, branch=2, expand=2, width=4), TreeSpec(depth=4, branch=2, expand=2, width=6),
                PRESETS["tree"].tree_spec())
 REPEATS, QUICK_REPEATS = 5, 3
@@ -83,7 +86,7 @@ class DraftMeasure:
     trees: Sequence[TreeMeasure] = ()
 
 
-def row_costs(model, rows: range, repeats: int) -> dict[int, float]:
+def row_costs(model, rows: Sequence[int], repeats: int) -> dict[int, float]:
     """Median ms to evaluate n rows (logits for each) after a PREFIX-token prefix, per n."""
     cache = model.new_cache(PREFIX + max(rows) + 8)
     prefix = [(1000 + 7 * i) % model.vocab_size for i in range(PREFIX)]
@@ -192,7 +195,7 @@ def measure(threads: int, quick: bool, progress: TextIO) -> dict:
     from edge_llm_ros.core.llama_backend import llama_cpp_available, load_llama_cpp
 
     repeats = QUICK_REPEATS if quick else REPEATS
-    rows = range(1, MAX_ROWS + 1)
+    rows = QUICK_ROWS if quick else ROWS
     model = default_model_path().resolve()
     target = load_target(None)
     prompts = [chat_prompt(target.tokenizer, p) for p in CALIBRATION_PROMPTS[: 1 if quick else None]]

@@ -294,6 +294,22 @@ def test_in_process_launcher_colors_prefixes_on_a_terminal_and_stops_on_request(
     assert stream.count(r"got SIGINT$") == 2
 
 
+def test_a_prefix_goes_before_the_node_command(tmp_path, procs, router):
+    """launch_ros' ``prefix``: here taskset, so the node runs on one core only."""
+    core = min(os.sched_getaffinity(0))
+    launch = deployment(tmp_path, [node("talker", prefix=f"taskset -c {core}"), node("listener")])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    out.wait_for(r"^\[(talker|listener)-\d+\] ready$", count=2)
+    pids = started(out)
+    assert os.sched_getaffinity(pids["talker"]) == {core}  # taskset exec()s the node: same pid
+    assert os.sched_getaffinity(pids["listener"]) == os.sched_getaffinity(0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    bad = deployment(tmp_path, [node("talker", prefix=[1])])
+    with pytest.raises(Exception, match="'prefix' is a string or a list of strings"):
+        load_plan(str(bad))
+
+
 def test_a_router_that_never_comes_up_fails_the_launch(tmp_path):
     plan = load_plan(str(deployment(tmp_path, [node("talker")])))
     stream = StreamOutput()
@@ -453,10 +469,12 @@ def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
     (tmp_path / "two.yaml").write_text("a:\n  ros__parameters: {mode: x, k: 1}\nb:\n  ros__parameters: {mode: y}\n")
     description = launch_support.describe([{"executable": "e", "name": "a"},
                                            {"executable": "e", "name": "b", "required": False,
-                                            "remappings": [("in", "/out")]}], "two.yaml")
+                                            "remappings": [("in", "/out")], "prefix": "taskset -c 1"}],
+                                          "two.yaml")
     actions = description.args[0]
     assert [a.args[0] for a in actions if type(a).__name__ == "DeclareLaunchArgument"] == ["k"]  # mode differs
     a, b = (x.kwargs for x in actions if type(x).__name__ == "Node")
     assert a["parameters"][1]["mode"].kwargs["default"] == "x" and b["parameters"][1]["mode"].kwargs["default"] == "y"
     assert "on_exit" in a and "on_exit" not in b
     assert b["remappings"] == [("in", "/out")] and b["namespace"] is None
+    assert b["prefix"] == "taskset -c 1" and "prefix" not in a
