@@ -5,7 +5,8 @@ of the same GGUF (llama-cpp-python's ``Llama.generate``, 5 prompts x 64 tokens);
 with a torch target equals the torch target's greedy output, chains and trees; batch size never
 changes llama.cpp's logits (the build without llamafile kernels); every tree row's logits equal a
 plain decode of its path, and after a kept side branch the cache is exactly prompt + accepted
-tokens; a missing, truncated or foreign GGUF fails with one error naming the file.
+tokens; sampled trees with target and draft on llama.cpp follow the target's distribution
+(chi-square); a missing, truncated or foreign GGUF fails with one error naming the file.
 """
 
 from __future__ import annotations
@@ -190,3 +191,35 @@ def test_a_llama_cpp_draft_for_a_torch_target(prompts, smollm2, mode):
             assert out.stats.tau > 2.0  # the quantized twin agrees with the target on most tokens
     finally:
         draft_lm.close()
+
+
+def test_sampled_trees_on_llama_cpp_follow_the_targets_distribution(lm, prompts):
+    """Everything on llama.cpp (target and the exported draft), sampled tree mode: the first and
+    second tokens' empirical distributions against the target's exact ones (chi-square), the
+    second one's marginal enumerated over the first token's 8 possible values."""
+    from test_sampling import chi_square_pvalue
+
+    from edge_llm_ros.core import Sampler
+    from edge_llm_ros.core.gguf_export import load_llama_drafter
+
+    ids, samples = lm.tokenizer.encode("The robot walked into the kitchen and"), 300  # short: cheap prefills
+    sampler = Sampler(temperature=1.0, top_k=8)
+    config = preset("tree", temperature=1.0, top_k=8, max_new_tokens=2, eos_token_ids=())
+
+    def p_next(context: list[int]) -> torch.Tensor:
+        cache = lm.new_cache(len(context) + 1)
+        return sampler.probs(lm.forward(torch.tensor(context), torch.arange(len(context)), None, cache)[-1])
+
+    first = p_next(ids)
+    second = sum(float(first[t]) * p_next(ids + [t]) for t in first.nonzero().flatten().tolist())
+    drafter = load_llama_drafter(lm, n_threads=THREADS)
+    try:
+        counts = torch.zeros(2, lm.vocab_size)
+        for seed in range(samples):
+            tokens = generate_all(lm, ids, config.with_overrides(seed=seed), drafter).tokens
+            counts[0, tokens[0]] += 1
+            counts[1, tokens[1]] += 1
+    finally:
+        drafter.model.close()
+    assert chi_square_pvalue(counts[0], first) > 1e-3
+    assert chi_square_pvalue(counts[1], second) > 1e-3
