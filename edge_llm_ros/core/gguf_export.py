@@ -68,7 +68,7 @@ from .draft_models import (
 )
 from .drafters import ModelDrafter
 from .models import _model_path, _write_cache_entry, gguf_cache_entry
-from .training import tokenizer_fingerprint
+from .training import tokenizer_fingerprint, vocab_fingerprint
 
 _log = logging.getLogger(__name__)
 
@@ -143,10 +143,9 @@ def layer_tensors(state: dict[str, torch.Tensor], config: dict, layer_type: str)
 
 
 def token_table_fingerprint(tokens: list[str]) -> str:
-    """sha256 of the token -> id table of ``tokens`` (id = index): equal to
+    """:func:`~.training.vocab_fingerprint` of ``tokens`` (id = index): equal to
     :func:`~.training.tokenizer_fingerprint` of a tokenizer with that vocabulary."""
-    table = json.dumps(sorted({tok: i for i, tok in enumerate(tokens)}.items()), ensure_ascii=False)
-    return hashlib.sha256(table.encode()).hexdigest()
+    return vocab_fingerprint({tok: i for i, tok in enumerate(tokens)})
 
 
 def check_draft_fits(config: dict, reader, target: Path, draft_dir: Path) -> None:

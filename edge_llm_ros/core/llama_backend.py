@@ -156,7 +156,6 @@ class LlamaCppLM:
         """Decode rows ``token_ids`` [T] at ``position_ids`` [T]; ``mask`` [T, L + T] additive
         (0 = visible; a tree, see :meth:`LlamaCache.evaluate`) or None (causal, whole cache visible);
         logits [T', V] of ``logits_rows``."""
-        cache._check_live()
         tokens = [int(t) for t in torch.as_tensor(token_ids).flatten().tolist()]
         positions = [int(p) for p in torch.as_tensor(position_ids).flatten().tolist()]
         rows = len(tokens)

@@ -137,12 +137,14 @@ class Sample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
+def vocab_fingerprint(vocab: dict[str, int]) -> str:
+    """sha256 of a token -> id table: same hash, same vocabulary."""
+    return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer) -> str | None:
-    """sha256 of the token -> id table (None without a tokenizer): same hash, same vocabulary."""
-    if tokenizer is None:
-        return None
-    table = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
-    return hashlib.sha256(table.encode()).hexdigest()
+    """:func:`vocab_fingerprint` of a tokenizer's table (None without a tokenizer)."""
+    return None if tokenizer is None else vocab_fingerprint(tokenizer.get_vocab())
 
 
 def target_identity(target: TorchCausalLM) -> dict:

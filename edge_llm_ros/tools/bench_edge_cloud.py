@@ -55,9 +55,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from edge_llm_ros.core.llama_backend import llama_cpp_available
+
 from .bench import LOSSLESS_MARK, fmt_value
 from .generate import Parser, one_line
-from .loading import LLAMA_CPP, ToolError, check_draft_spec, llama_cpp_available, resolve_draft_backend
+from .loading import LLAMA_CPP, ToolError, check_draft_spec, resolve_draft_backend
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 RTTS_MS = (10.0, 50.0, 120.0)

@@ -9,7 +9,8 @@ Without ``--mode`` the saved device plan (``edge-llm-ros plan --device``; ``--pl
 ``$EDGE_LLM_ROS_PLAN`` or ``~/.config/edge_llm_ros/plan.json``) picks mode, shape, backend and
 threads, and one ``plan: ...`` line on stderr says which (or that there is none and ``ar`` on torch
 is used). Explicit flags win over the plan; ``--no-plan`` ignores it. On ``--backend llama.cpp``
-the target is the GGUF on llama.cpp and the draft stays on torch (as ``bench``'s ``*_llama_cpp`` rows).
+the target is the GGUF on llama.cpp; the draft runs where ``--draft`` or the plan's draft backend
+says (``llama.cpp``: the shipped draft's GGUF; else the torch draft, as ``bench``'s ``*_llama_cpp`` rows).
 
 The chat template applies unless ``--raw``. Text is printed as tokens are accepted,
 decoded incrementally so a multi-byte character split over tokens is printed whole.

@@ -28,7 +28,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -86,29 +86,36 @@ class DraftMeasure:
     trees: Sequence[TreeMeasure] = ()
 
 
+def median_ms(step: Callable[[int], object], repeats: int, after: Callable[[], object] = lambda: None) -> float:
+    """Median ms of ``step(r)`` over ``repeats`` runs after one warm-up run; ``after()`` runs untimed
+    after each (resetting a cache)."""
+    times = []
+    for r in range(repeats + 1):
+        start = time.perf_counter()
+        step(r)
+        times.append(time.perf_counter() - start)
+        after()
+    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+
+
 def row_costs(model, rows: Sequence[int], repeats: int) -> dict[int, float]:
     """Median ms to evaluate n rows (logits for each) after a PREFIX-token prefix, per n."""
     cache = model.new_cache(PREFIX + max(rows) + 8)
     prefix = [(1000 + 7 * i) % model.vocab_size for i in range(PREFIX)]
+
+    def evaluate(n: int, r: int) -> None:
+        ids = torch.tensor([(2000 + 13 * (i + r)) % model.vocab_size for i in range(n)])
+        model.forward(ids, torch.arange(PREFIX, PREFIX + n), None, cache)
+
     with torch.inference_mode():
         model.forward(torch.tensor(prefix), torch.arange(PREFIX), None, cache, logits_rows=None)
-        costs = {}
-        for n in rows:
-            times = []
-            for r in range(repeats + 1):  # the first one warms up
-                ids = torch.tensor([(2000 + 13 * (i + r)) % model.vocab_size for i in range(n)])
-                start = time.perf_counter()
-                model.forward(ids, torch.arange(PREFIX, PREFIX + n), None, cache)
-                times.append(time.perf_counter() - start)
-                cache.truncate(PREFIX)
-            costs[n] = 1000 * sorted(times[1:])[len(times[1:]) // 2]
-    return costs
+        return {n: median_ms(lambda r, n=n: evaluate(n, r), repeats, lambda: cache.truncate(PREFIX)) for n in rows}
 
 
 def tree_cost(model, drafter, prompt: list[int], spec: TreeSpec, repeats: int) -> float:
-    """Median ms to verify a ``spec`` tree drafted after ``prompt`` and keep its first-child path: one
-    forward of the tree rows and the cut afterwards (on llama.cpp a tree is decoded as chains, so its
-    cost is not the cost of W + 1 chain rows)."""
+    """Median ms to verify a ``spec`` tree drafted after ``prompt`` and keep its deepest path (to the
+    first drafted of its deepest nodes): one forward of the tree rows and the cut afterwards (on
+    llama.cpp a tree is decoded as chains, so its cost is not the cost of W + 1 chain rows)."""
     from edge_llm_ros.core.decoding import draft_step
     from edge_llm_ros.core.sampling import Sampler
 
@@ -116,16 +123,14 @@ def tree_cost(model, drafter, prompt: list[int], spec: TreeSpec, repeats: int) -
     path = tree.path(max(range(len(tree) + 1), key=lambda n: (tree.depths[n], -n)))  # deepest, first drafted
     base = len(prompt) - 1
     cache = model.new_cache(len(prompt) + len(tree) + 8)
-    times = []
+
+    def verify(_: int) -> None:
+        model.forward(torch.tensor(tree.tokens), tree.position_ids(base), tree.attention_mask(base), cache)
+        cache.keep(list(range(base)) + [base] + [base + n for n in path])
+
     with torch.inference_mode():
         model.forward(torch.tensor(prompt[:-1]), torch.arange(base), None, cache, logits_rows=None)
-        for _ in range(repeats + 1):  # the first one warms up
-            start = time.perf_counter()
-            model.forward(torch.tensor(tree.tokens), tree.position_ids(base), tree.attention_mask(base), cache)
-            cache.keep(list(range(base)) + [base] + [base + n for n in path])
-            times.append(time.perf_counter() - start)
-            cache.truncate(base)
-    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+        return median_ms(verify, repeats, lambda: cache.truncate(base))
 
 
 def draft_time(target, drafter, prompt: list[int], spec: TreeSpec, repeats: int) -> float:
@@ -133,12 +138,8 @@ def draft_time(target, drafter, prompt: list[int], spec: TreeSpec, repeats: int)
     from edge_llm_ros.core.decoding import draft_step
     from edge_llm_ros.core.sampling import Sampler
 
-    times = []
-    for r in range(repeats + 1):  # the first one warms up
-        start = time.perf_counter()
-        draft_step(drafter, prompt + [(3000 + r) % target.vocab_size], spec, Sampler(0.0))
-        times.append(time.perf_counter() - start)
-    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+    return median_ms(lambda r: draft_step(drafter, prompt + [(3000 + r) % target.vocab_size], spec, Sampler(0.0)),
+                     repeats)
 
 
 def mean_tau(target, drafter, prompts: list[list[int]], config) -> float:
