@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-fast clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q test
+
+# While you work: everything but the tests marked slow (real node processes, launches, the
+# reliability suite, the real-process benches); `make test` runs them all, as CI does.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" test
 
 clean:
 	rm -rf $(VENV) build *.egg-info

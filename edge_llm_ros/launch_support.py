@@ -1,6 +1,6 @@
 """`ros2 launch` support: a launch_ros LaunchDescription from a launch file's NODES and CONFIG.
 
-The embedded launcher (runtime/launcher.py) and `ros2 launch` read the same
+The embedded launcher (runtime/launcher/) and `ros2 launch` read the same
 data. Here, under ROS 2, each NODES entry becomes a launch_ros Node loading
 the params file, and every parameter the file gives these nodes becomes a
 launch argument, so `ros2 launch edge_llm_ros pipeline.launch.py chunk_words:=3`
@@ -10,10 +10,18 @@ A parameter whose value differs between nodes is not declared (a declared
 argument has one default); `name:=value` still overrides it on each node,
 whose own value is the fallback. `launch` and `launch_ros` are imported inside
 describe(), so this module imports without ROS 2.
+
+A node's `respawn`, `respawn_delay` and `respawn_max_retries` go to launch_ros'
+Node as they are (launch restarts the process itself). A `required` node gets
+an on_exit Shutdown; launch emits that exit event on every exit, also the ones
+it respawns after, so for a respawning node the Shutdown comes only with the
+exit that has no retry left (never, with unlimited retries), as in the
+embedded launcher.
 """
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from pathlib import Path
 from typing import Any
@@ -61,10 +69,25 @@ def describe(nodes: list[dict[str, Any]], config: str):
             raise LaunchError(f"node {spec.fqn}: 'cmd' and 'module' are for the embedded launcher only")
         overrides = {key: LaunchConfiguration(key, default=format_param_value(value))
                      for key, value in node_params[spec.fqn].items()}
-        extra = {"on_exit": Shutdown(reason=f"required node {spec.fqn} exited")} if spec.required else {}
+        extra: dict[str, Any] = {}
+        if spec.required and (on_exit := _shutdown_on_last_exit(spec, Shutdown)) is not None:
+            extra["on_exit"] = on_exit
         if spec.prefix:
             extra["prefix"] = shlex.join(spec.prefix)
+        if spec.respawn:
+            extra.update(respawn=True, respawn_delay=spec.respawn_delay, respawn_max_retries=spec.respawn_max_retries)
         actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
                             namespace=spec.namespace or None, parameters=[str(params_file), overrides],
                             remappings=spec.remappings, output="screen", **extra))
     return LaunchDescription(actions)
+
+
+def _shutdown_on_last_exit(spec: NodeSpec, Shutdown):
+    """on_exit of a required node: Shutdown, or for a respawning one a callback that returns it on its last exit."""
+    reason = f"required node {spec.fqn} exited"
+    if not spec.respawn:
+        return Shutdown(reason=reason)
+    if spec.respawn_max_retries < 0:
+        return None  # respawned for ever
+    exits = itertools.count(1)
+    return lambda event, context: [Shutdown(reason=reason)] if next(exits) > spec.respawn_max_retries else None

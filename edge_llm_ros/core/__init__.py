@@ -11,6 +11,7 @@ from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
 from .edge_cloud import (
     EDGE_MODES,
     DraftError,
+    DraftInbox,
     DraftRequest,
     EarlyExitDrafter,
     EarlyExitVerifier,
@@ -59,6 +60,7 @@ __all__ = [
     "DraftMismatchError",
     "Drafter",
     "DraftError",
+    "DraftInbox",
     "DraftRequest",
     "EDGE_MODES",
     "EarlyExitDrafter",

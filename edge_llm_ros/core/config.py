@@ -8,6 +8,8 @@ check. Knows nothing about ROS.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field, replace
 
 from .drafters import TreeSpec
@@ -50,16 +52,26 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        for name in ("max_new_tokens", "top_k", "gamma", "tree_depth", "tree_width", "tree_branch", "tree_expand"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got {self.top_k}, {self.top_p}")
+        if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not (isinstance(self.top_p, numbers.Real) and 0.0 < self.top_p <= 1.0):  # NaN fails too
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
+                                      or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an integer in [0, 2**64) or None (random), got {self.seed!r}")
         for name in ("gamma", "tree_depth", "tree_width", "tree_branch", "tree_expand"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.alpha <= 1.0:
+        if not 0.0 < self.alpha <= 1.0:  # NaN fails too
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
         if isinstance(self.stop_strings, str):
             self.stop_strings = (self.stop_strings,)

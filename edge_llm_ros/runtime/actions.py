@@ -35,6 +35,13 @@ STATUS_NAMES = {0: "UNKNOWN", 1: "ACCEPTED", 2: "EXECUTING", 3: "CANCELING", 4: 
 # action_msgs/srv/CancelGoal return codes
 CANCEL_NONE, CANCEL_REJECTED, CANCEL_UNKNOWN_GOAL, CANCEL_TERMINATED = 0, 1, 2, 3
 
+RESULT_WAIT_S = 24 * 3600.0
+"""How long a client waits for a goal's result; a server that goes away ends the wait at once."""
+
+
+class ServerGoneError(ServiceTimeoutError):
+    """The action server went away (its process died, or it left the graph) while a goal was running."""
+
 
 class GoalResponse:
     REJECT, ACCEPT = 0, 1
@@ -261,18 +268,37 @@ class ActionClient:
         return handle_future
 
     def _get_result(self, goal_id: bytes) -> Future:
-        request = registry().new(self.spec.get_result.request, goal_id=_uuid_msg(goal_id))
-        future = self._result_client.call_async(request, timeout_sec=24 * 3600.0)
-        threading.Thread(target=self._watch_server, args=(future,), daemon=True, name="result watch").start()
-        return future
+        """Future of the GetResult response; it fails with ServerGoneError when the server goes away first.
 
-    def _watch_server(self, future: Future, period: float = 0.5) -> None:
-        """Fail a pending result when the server's get_result service disappears (a dead peer)."""
+        Two signs of that: the GetResult query ends unanswered long before its
+        RESULT_WAIT_S (Zenoh drops a query whose queryable's session closed),
+        or the server's get_result service leaves the graph (_watch_server).
+        """
+        request = registry().new(self.spec.get_result.request, goal_id=_uuid_msg(goal_id))
+        gone = ServerGoneError(f"action server {self.name} went away while goal {goal_id.hex()} was running")
+        result = Future()
+        asked = time.monotonic()
+
+        def relay(call: Future) -> None:
+            exc = call.exception()
+            if exc is None:
+                result.set_result(call.result())
+            elif isinstance(exc, ServiceTimeoutError) and time.monotonic() - asked < RESULT_WAIT_S:
+                result.set_exception(gone)
+            else:
+                result.set_exception(exc)
+
+        self._result_client.call_async(request, timeout_sec=RESULT_WAIT_S).add_done_callback(relay)
+        threading.Thread(target=self._watch_server, args=(result, gone), daemon=True, name="result watch").start()
+        return result
+
+    def _watch_server(self, future: Future, gone: ServerGoneError, period: float = 0.5) -> None:
+        """Fail a pending result when the server's get_result service leaves the graph (a dead peer)."""
         misses = 0
         while not future.wait(period):
             misses = 0 if self._result_client.service_is_ready() else misses + 1
             if misses >= 2:
-                future.set_exception(ServiceTimeoutError(f"action server {self.name} went away before the result"))
+                future.set_exception(gone)
                 return
 
     def _cancel(self, goal_id: bytes) -> Future:
@@ -286,4 +312,5 @@ class ActionClient:
 
 
 __all__ = ["ActionClass", "ActionClient", "ActionServer", "CancelResponse", "ClientGoalHandle", "GoalResponse",
-           "ServerGoalHandle", "STATUS_NAMES", "STATUS_SUCCEEDED", "STATUS_CANCELED", "STATUS_ABORTED"]
+           "ServerGoalHandle", "ServerGoneError", "STATUS_NAMES", "STATUS_SUCCEEDED", "STATUS_CANCELED",
+           "STATUS_ABORTED"]

@@ -11,7 +11,10 @@
     edge-llm-ros demo
 
 Exit codes: 0 success, 1 a runtime failure (timeout, server gone), 2 bad
-input (unknown type, malformed YAML, missing file) with a one-line error.
+input (unknown type, malformed YAML, a value out of its field's range, missing
+file). Failures are one line on stderr in argparse's form:
+`edge-llm-ros topic pub: error: std_msgs/msg/Int32.data: 99999999999 is out
+of range for int32 [-2147483648, 2147483647]`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def parse_values(text: str, where: str) -> dict:
         values = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
         raise CliError(f"{where}: malformed YAML: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:  # a number Python will not convert (an integer of more than 4300 digits)
+        raise CliError(f"{where}: {str(exc).split(';')[0]}") from exc
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -239,8 +244,11 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
         raise CliError(f"action server {client.name} is not available (waited {args.timeout:g} s)", EXIT_FAIL)
     print(f"Sending goal:\n{yaml.safe_dump(registry().to_dict(goal), sort_keys=False).rstrip()}\n", flush=True)
     streaming = [False]
+    failed = threading.Event()  # no more streamed text once the error line is due
 
     def on_feedback(fb_msg: Any) -> None:
+        if failed.is_set():
+            return
         fb = fb_msg.feedback
         if hasattr(fb, "text_delta"):  # stream text as it comes, like a chat client
             sys.stdout.write(fb.text_delta)
@@ -263,7 +271,10 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
                 handle.cancel_goal_async().result(args.timeout + 5)
                 stop.clear()
         response = result_future.result()
-    except TimeoutError as exc:
+    except (TimeoutError, RuntimeError) as exc:  # no answer in time, the server went away, the goal call failed
+        failed.set()
+        if streaming[0]:
+            print(flush=True)  # end the streamed text's line
         raise CliError(str(exc), EXIT_FAIL) from exc
     if streaming[0]:
         print("\n")
@@ -489,6 +500,13 @@ EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {
 """Verbs that bring their own parser: name -> main(argv)."""
 
 
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Say what failed in one line, as argparse says a usage error (`edge-llm-ros topic pub: error: ...`)."""
+    prog = " ".join(["edge-llm-ros", args.verb, getattr(args, "sub", "")]).rstrip()
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
@@ -512,11 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         session = Session()
         return args.func(args, session)
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.code
+        return _fail(args, str(exc), exc.code)
     except (InterfaceError, ParamsError, BagError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         return EXIT_OK
     finally:

@@ -247,9 +247,14 @@ class Logger:
     def set_level(self, level: str) -> None:
         self.level = LOG_LEVELS[level.lower()]
 
+    _write_lock = threading.Lock()  # one line at a time: lines from several threads never interleave
+
     def _log(self, level: str, value: int, message: str) -> None:
         if value >= self.level:
-            print(f"[{level}] [{time.time():.6f}] [{self.name}]: {message}", file=sys.stderr, flush=True)
+            line = f"[{level}] [{time.time():.6f}] [{self.name}]: {message}\n"
+            with Logger._write_lock:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     def debug(self, message: str) -> None:
         self._log("DEBUG", 10, message)
@@ -419,6 +424,7 @@ class Subscription(_Endpoint):
         self.topic_name = topic
         self._callback = callback
         self._raw = raw
+        self.malformed = 0
         any_type = f"{node.context.domain_id}/{topic.lstrip('/')}/*/*"
         self._sub = node.context.session.declare_subscriber(any_type, self._on_sample)
         self._announce()
@@ -442,9 +448,11 @@ class Subscription(_Endpoint):
         try:
             msg = registry().deserialize(data, self.ros_type)
         except Exception as exc:  # rosbags raises assorted errors on bad bytes
-            self.node.get_logger().error(
-                f"dropped a malformed message on {self.topic_name} (type {self.ros_type}, {len(data)} bytes): {exc}"
-            )
+            self.malformed += 1  # logged: the first 20, then every 100th (a flood cannot flood the log)
+            if self.malformed <= 20 or self.malformed % 100 == 0:
+                more = f" ({self.malformed} so far; logging every 100th)" if self.malformed >= 20 else ""
+                self.node.get_logger().error(f"dropped a malformed message on {self.topic_name} (type "
+                                             f"{self.ros_type}, {len(data)} bytes): {exc}{more}")
             return
         self.node.context.post(self._callback, msg)
 
@@ -550,8 +558,8 @@ class Client(_Endpoint):
 
 class Timer:
     def __init__(self, node: Node, period_sec: float, callback: Callable) -> None:
-        if period_sec <= 0:
-            raise ValueError(f"timer period must be > 0, got {period_sec}")
+        if not 0 < period_sec < float("inf"):  # NaN fails too
+            raise ValueError(f"timer period must be a finite number > 0, got {period_sec}")
         self._stop = threading.Event()
         self._period = period_sec
         self._callback = callback

@@ -15,6 +15,10 @@ hashes are computed over the same type descriptions:
     pkg/action/A_SendGoal  request {goal_id: UUID, goal: A_Goal}   response {accepted: bool, stamp: Time}
     pkg/action/A_GetResult request {goal_id: UUID}                 response {status: int8, result: A_Result}
     pkg/action/A_FeedbackMessage {goal_id: UUID, feedback: A_Feedback}
+
+Values are checked against their field types where they enter (from_dict,
+assignment to a numeric array field, serialize), so a bad one is an
+InterfaceError naming the field; values.py says what each ROS type takes.
 """
 
 from __future__ import annotations
@@ -31,18 +35,10 @@ import numpy as np
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.base import Nodetype
 
+# InterfaceError is defined beside the value checks that raise it; the runtime imports it from here.
+from .values import NUMPY_DTYPES, InterfaceError, as_array, misfit, yaml_array, yaml_field, yaml_list
+
 PACKAGE = "edge_llm_ros"
-
-_NUMPY_DTYPES = {
-    "bool": np.bool_, "byte": np.uint8, "char": np.uint8, "octet": np.uint8,
-    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
-    "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
-    "float32": np.float32, "float64": np.float64,
-}
-
-
-class InterfaceError(ValueError):
-    """An interface name that does not exist or a definition that does not parse."""
 
 
 def interface_dirs() -> list[Path]:
@@ -239,8 +235,8 @@ class Registry:
         for fname, (kind, detail) in fields:
             if kind in (Nodetype.ARRAY, Nodetype.SEQUENCE):
                 ekind, edetail = detail[0]
-                if ekind == Nodetype.BASE and edetail[0] in _NUMPY_DTYPES:
-                    coerce[fname] = _NUMPY_DTYPES[edetail[0]]
+                if ekind == Nodetype.BASE and edetail[0] in NUMPY_DTYPES:
+                    coerce[fname] = NUMPY_DTYPES[edetail[0]]
 
         def __init__(self, **kwargs: Any) -> None:  # noqa: N807 - dataclass-style init
             unknown = set(kwargs) - set(defaults)
@@ -252,7 +248,7 @@ class Registry:
         def __setattr__(self, fname: str, value: Any) -> None:  # noqa: N807
             dtype = coerce.get(fname)
             if dtype is not None and not (isinstance(value, np.ndarray) and value.dtype == dtype):
-                value = np.asarray(value, dtype=dtype).reshape(-1)
+                value = as_array(value, dtype, f"{name}.{fname}")
             object.__setattr__(self, fname, value)
 
         namespace = {"__init__": __init__, "__setattr__": __setattr__, "__msgtype__": name}
@@ -282,8 +278,8 @@ class Registry:
 
     def _array_factory(self, elem: tuple, size: int) -> Any:
         ekind, edetail = elem
-        if ekind == Nodetype.BASE and edetail[0] in _NUMPY_DTYPES:
-            dtype = _NUMPY_DTYPES[edetail[0]]
+        if ekind == Nodetype.BASE and edetail[0] in NUMPY_DTYPES:
+            dtype = NUMPY_DTYPES[edetail[0]]
             return lambda: np.zeros(size, dtype=dtype)
         item = self._default_factory(elem)
         return lambda: [item() for _ in range(size)]
@@ -292,47 +288,34 @@ class Registry:
         return self.message_class(name)(**fields)
 
     def from_dict(self, name: str, values: dict | None) -> Any:
-        """Build a message from nested dicts/lists, as `ros2 topic pub` takes YAML."""
+        """Build a message from nested dicts/lists, as `ros2 topic pub` takes YAML; every value is checked."""
         name = self.check_message(name)
-        values = values or {}
+        return self._from_dict(name, values, name)
+
+    def _from_dict(self, name: str, values: Any, where: str) -> Any:
+        values = {} if values is None else values
         if not isinstance(values, dict):
-            raise InterfaceError(f"{name}: expected a mapping of fields, got {type(values).__name__}")
+            raise InterfaceError(f"{where}: expected a mapping of {name} fields, got {values!r}")
         _consts, fields = self.store.fielddefs[name]
         known = dict(fields)
         unknown = set(values) - set(known)
         if unknown:
-            raise InterfaceError(f"{name} has no field(s) {sorted(unknown)}; fields: {list(known)}")
-        out = {}
-        for fname, value in values.items():
-            out[fname] = self._convert(known[fname], value, f"{name}.{fname}")
+            raise InterfaceError(f"{where} has no field(s) {sorted(unknown)}; fields: {list(known)}")
+        out = {fname: self._convert(known[fname], value, f"{where}.{fname}") for fname, value in values.items()}
         return self.new(name, **out)
 
     def _convert(self, desc: tuple, value: Any, where: str) -> Any:
         kind, detail = desc
-        try:
-            if kind == Nodetype.BASE:
-                typ = detail[0]
-                if typ in ("string", "wstring"):
-                    return str(value)
-                if typ == "bool":
-                    return bool(value)
-                if typ.startswith("float"):
-                    return float(value)
-                return int(value)
-            if kind == Nodetype.NAME:
-                return self.from_dict(detail, value)
-            elem, size = detail
-            seq = list(value)
-            if kind == Nodetype.ARRAY and len(seq) != size:
-                raise InterfaceError(f"{where}: expected {size} elements, got {len(seq)}")
-            ekind, edetail = elem
-            if ekind == Nodetype.BASE and edetail[0] in _NUMPY_DTYPES:
-                return np.asarray(seq, dtype=_NUMPY_DTYPES[edetail[0]])
-            return [self._convert(elem, v, f"{where}[{i}]") for i, v in enumerate(seq)]
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, InterfaceError):
-                raise
-            raise InterfaceError(f"{where}: cannot use {value!r}: {exc}") from exc
+        if kind == Nodetype.BASE:
+            return yaml_field(detail[0], value, where)
+        if kind == Nodetype.NAME:
+            return self._from_dict(detail, value, where)
+        elem, size = detail
+        yaml_list(kind, size, value, where)
+        ekind, edetail = elem
+        if ekind == Nodetype.BASE:
+            return yaml_array(edetail[0], value, where)
+        return [self._convert(elem, v, f"{where}[{i}]") for i, v in enumerate(value)]
 
     def to_dict(self, msg: Any) -> dict:
         """Nested plain-Python view of a message (for `topic echo`)."""
@@ -344,8 +327,13 @@ class Registry:
 
     # ------------------------------------------------------------------- CDR
     def serialize(self, msg: Any, name: str | None = None) -> bytes:
+        """CDR bytes; a value that does not fit its field is an InterfaceError naming the field."""
         name = name or msg.__msgtype__
-        return bytes(self.store.serialize_cdr(msg, name))
+        try:
+            return bytes(self.store.serialize_cdr(msg, name))
+        except Exception as exc:  # the packer fails with struct.error, OverflowError, TypeError, ...
+            problem = misfit(self.store.fielddefs, name, msg, name) if name in self.store.fielddefs else None
+            raise InterfaceError(problem or f"{name}: cannot serialize: {exc}") from exc
 
     def deserialize(self, data: bytes | memoryview, name: str) -> Any:
         return self.store.deserialize_cdr(bytes(data), name)

@@ -11,7 +11,9 @@ parameter_map):
 
 - `-p name:=value` values are YAML scalars or flow lists, typed the YAML way
   (`1` int, `1.0` float, `true` bool, `[1, 2]` int list, anything else a
-  string). Parameter values are never null, dicts or mixed-type lists.
+  string). Parameter values are never null, dicts or mixed-type lists, and
+  integers are 64-bit (a longer one is an error here, where rcl would retype
+  it as a double that an integer parameter then refuses).
 - A params file maps node keys to `ros__parameters`. Keys nest as namespaces
   (`edge_llm: echo_node: ros__parameters:` is `/edge_llm/echo_node`); a bare
   `echo_node` means `/echo_node`, i.e. a node in the root namespace. In a key,
@@ -44,6 +46,7 @@ _VALUE_FLAGS = {"-r": "remap", "--remap": "remap", "-p": "param", "--param": "pa
 _SWITCHES = {f"--{state}-{what}-logs" for state in ("enable", "disable")
              for what in ("rosout", "stdout", "external-lib")}
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class ParamsError(ValueError):
@@ -184,7 +187,9 @@ def parse_param_value(text: str, what: str = "parameter") -> Any:
     try:
         value = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        raise ParamsError(f"{what}: cannot parse value '{text}' ({_yaml_problem(exc)})") from None
+        raise ParamsError(f"{what}: cannot parse value '{_clip(text)}' ({_yaml_problem(exc)})") from None
+    except ValueError as exc:  # an integer of more than 4300 digits, which Python will not convert
+        raise ParamsError(f"{what}: cannot parse value '{_clip(text)}' ({_value_problem(exc)})") from None
     return check_value(value, what)
 
 
@@ -197,16 +202,35 @@ def format_param_value(value: Any) -> str:
 def check_value(value: Any, what: str) -> Any:
     """A valid ROS parameter value (bool, int, float, str or a list of one of them), else ParamsError."""
     if isinstance(value, (bool, int, float, str)):
+        _check_int64(value, what)
         return value
     if isinstance(value, list):
         types = {type(item) for item in value}
         if len(types) > 1 or not types <= {bool, int, float, str}:
             raise ParamsError(f"{what}: a list must hold values of one type (bool, int, float or string), "
-                              f"got {value!r}")
+                              f"got {_clip(repr(value))}")
+        for item in value:
+            _check_int64(item, what)
         return value
     if value is None:
         raise ParamsError(f"{what} has no value")
     raise ParamsError(f"{what}: unsupported value {value!r} (expected a scalar or a list)")
+
+
+def _check_int64(value: Any, what: str) -> None:
+    """ROS integer parameters are int64."""
+    lo, hi = _INT64
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        shown = str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+        raise ParamsError(f"{what}: {shown} is out of range for an integer parameter (int64 [{lo}, {hi}])")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _value_problem(exc: ValueError) -> str:
+    return str(exc).split(";")[0]  # not Python's advice to raise its limit
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -230,6 +254,8 @@ def read_params_file(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
         doc = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: malformed YAML ({_yaml_problem(exc)})") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ParamsError(f"{path}: cannot read a value ({_value_problem(exc)})") from None
     if doc is None:
         return []
     if not isinstance(doc, dict):

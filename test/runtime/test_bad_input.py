@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import zenoh
@@ -97,3 +99,57 @@ def test_node_with_wrong_parameter_type_exits_2(router_endpoint):
     proc = Proc(python_module("edge_llm_ros.nodes.echo_node", "--ros-args", "-p", "chunk_words:=many"))
     assert proc.wait(60) == 2
     assert "chunk_words" in proc.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, line", [
+    (["topic", "pub", "--once", "/x", "std_msgs/msg/Int32", "{data: 99999999999}"],
+     "edge-llm-ros topic pub: error: std_msgs/msg/Int32.data: 99999999999 is out of range for int32 "
+     "[-2147483648, 2147483647]"),
+    (["action", "send_goal", "/nobody/generate", "edge_llm_ros/action/Generate", "{prompt: 'hi', max_new_tokens: -3}"],
+     "edge-llm-ros action send_goal: error: edge_llm_ros/action/Generate_Goal.max_new_tokens: -3 is out of range "
+     "for uint32 [0, 4294967295]"),
+    (["service", "call", "/nobody/profile", "edge_llm_ros/srv/Profile", "{token_counts: [1, -5]}"],
+     "edge-llm-ros service call: error: edge_llm_ros/srv/Profile_Request.token_counts[1]: -5 is out of range "
+     "for uint32 [0, 4294967295]"),
+    (["topic", "pub", "--once", "/x", "std_msgs/msg/Float32", "{data: 1e40}"],
+     "edge-llm-ros topic pub: error: std_msgs/msg/Float32.data: 1e40 is out of range for float32 "
+     "[-3.4028234663852886e+38, 3.4028234663852886e+38]"),
+    (["topic", "pub", "--once", "/x", "std_msgs/msg/Bool", "{data: 'yes'}"],
+     "edge-llm-ros topic pub: error: std_msgs/msg/Bool.data: 'yes' is not a bool (true/false or 1/0)"),
+    (["topic", "pub", "--once", "/x", "std_msgs/msg/UInt8MultiArray", "{data: [1, 2, 300]}"],
+     "edge-llm-ros topic pub: error: std_msgs/msg/UInt8MultiArray.data[2]: 300 is out of range for uint8 [0, 255]"),
+    (["topic", "pub", "--once", "/x", "std_msgs/msg/Int32", "{data: " + "9" * 5000 + "}"],
+     "edge-llm-ros topic pub: error: std_msgs/msg/Int32: Exceeds the limit (4300 digits) for integer string "
+     "conversion: value has 5000 digits"),
+])
+def test_cli_value_out_of_its_field_range_is_one_line_and_exit_2(router_endpoint, args, line):
+    result = cli(*args, timeout=60)
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == line, result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.slow
+def test_cli_send_goal_says_when_the_server_dies_mid_goal(router_endpoint):
+    """The server's process is killed while the goal runs: one line naming server and goal, exit 1, at once."""
+    peer = Proc([sys.executable, str(Path(__file__).parent / "peers" / "echo_peer.py"), "--ros-args", "-r",
+                 "__ns:=/server_gone"])
+    client = None
+    try:
+        peer.wait_for_line("READY", 60)
+        client = Proc(python_module("edge_llm_ros.runtime.cli", "action", "send_goal", "/server_gone/generate",
+                                    "edge_llm_ros/action/Generate", "{prompt: hold}"))
+        goal_id = client.wait_for_line("Goal accepted with ID:", 60).split(":", 1)[1].strip()
+        peer.popen.kill()
+        killed = time.monotonic()
+        assert client.wait(30) == 1, client.output[-2000:]
+        assert time.monotonic() - killed < 5.0
+        line = client.wait_for_line("went away", 10)  # the reader may still hold the last lines
+        assert line == (f"edge-llm-ros action send_goal: error: action server /server_gone/generate went away "
+                        f"while goal {goal_id} was running"), client.output[-2000:]
+        assert "error:" not in client.output.replace(line, "") and "Traceback" not in client.output
+    finally:
+        if client is not None:
+            client.stop()
+        peer.stop()

@@ -1,8 +1,10 @@
 """The embedded launcher, run as a real process over fixture nodes and a real Zenoh router.
 
 Fixture nodes (fixtures/fake_node.py) read their command line with params.py,
-print what they got, say `ready`, and report every signal they receive. Tests
-wait on those lines with deadlines; nothing sleeps a fixed time.
+print what they got, say `ready`, and report every signal they receive. The
+router tests run CHAT_NODE instead, a real node on the embedded runtime (Zenoh)
+that publishes or prints what it hears. Tests wait on those lines with
+deadlines; nothing sleeps a fixed time.
 """
 
 import json
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
+from edge_llm_ros.runtime.launcher import Launcher, LaunchError, NodeSpec, apply_launch_args, load_plan
 from edge_llm_ros.runtime.launcher import main as launcher_main
 from edge_llm_ros.runtime.router import free_endpoint, router_reachable
 
@@ -324,6 +326,244 @@ def test_a_router_that_never_comes_up_fails_the_launch(tmp_path):
     assert not any(alive(pid) for pid in started(stream).values())
 
 
+# ---------------------------------------------------- respawn and the router
+CHAT_NODE = '''\
+"""A node on the embedded runtime: `role` talker publishes std_msgs/String "<pid> <n>" on chatter every
+50 ms, listener prints `heard <data>`. With start_on_usr1 it declares its publisher or subscription
+only when SIGUSR1 comes (then prints `talking`)."""
+import itertools
+import os
+import signal
+import sys
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import run_node
+
+
+def build():
+    node = rt.Node("chat")
+    role = node.declare_parameter("role", "talker").value
+    String = rt.message("std_msgs/msg/String")
+    count = itertools.count()
+
+    def talk():
+        if role == "talker":
+            pub = node.create_publisher(String, "chatter", 10)
+            node.create_timer(0.05, lambda: pub.publish(String(data=f"{os.getpid()} {next(count)}")))
+        else:
+            node.create_subscription(String, "chatter", lambda msg: print("heard " + msg.data, flush=True), 10)
+        print("talking", flush=True)
+
+    if node.declare_parameter("start_on_usr1", False).value:
+        signal.signal(signal.SIGUSR1, lambda *_: node.context.post(talk))
+    else:
+        talk()
+    print("ready", flush=True)
+    return node
+
+
+sys.exit(run_node(build))
+'''
+
+CHAT_YAML = """\
+fx:
+  talker:
+    ros__parameters: {role: talker}
+  listener:
+    ros__parameters: {role: listener}
+  late_talker:
+    ros__parameters: {role: talker, start_on_usr1: true}
+  late_listener:
+    ros__parameters: {role: listener, start_on_usr1: true}
+"""
+
+
+def chat_node(tmp_path: Path, name: str, **extra) -> dict:
+    """A NODES entry running CHAT_NODE (its role from CHAT_YAML)."""
+    script = tmp_path / "chat_node.py"
+    script.write_text(CHAT_NODE)
+    return {"executable": "chat_node", "name": name, "namespace": "fx", "cmd": [sys.executable, str(script)], **extra}
+
+
+def start_router(procs: list, endpoint: str) -> subprocess.Popen:
+    """A Zenoh router outside the launcher, in its own session (so `procs` cleans it up)."""
+    proc = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.runtime.router", "--listen", endpoint],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    procs.append(proc)
+    wait_until(lambda: router_reachable(endpoint), 15, f"the router at {endpoint}")
+    return proc
+
+
+def run_in_thread(launcher: Launcher) -> tuple[threading.Thread, dict]:
+    """launcher.run() in a thread, once its nodes are running; its exit code lands in the dict."""
+    ready, result = threading.Event(), {}
+    thread = threading.Thread(target=lambda: result.update(code=launcher.run(ready)))
+    thread.start()
+    assert ready.wait(30), "the launcher did not start its nodes"
+    return thread, result
+
+
+@pytest.mark.slow
+def test_a_killed_respawning_node_comes_back_with_the_same_command(tmp_path, router):
+    plan = load_plan(str(deployment(tmp_path, [node("talker", respawn=True, respawn_delay=0.1), node("listener")])))
+    apply_launch_args(plan, ["mode:=tree"])
+    stream = StreamOutput()
+    launcher = Launcher(plan, router=router, stdout=stream, stderr=stream)
+    thread, result = run_in_thread(launcher)
+    try:
+        talker = int(stream.wait_for(r"^\[talker-(\d+)\] ready$")[0].group(1))
+        listener = int(stream.wait_for(r"^\[listener-(\d+)\] ready$")[0].group(1))
+        for attempt in (1, 2, 3):
+            os.kill(talker, signal.SIGKILL)
+            stream.wait_for(rf"^\[launcher\] process talker died \(exit code -9\); respawning in 0.1 s "
+                            rf"\(attempt {attempt}\)$")
+            respawned = int(stream.wait_for(r"^\[launcher\] started talker \(pid (\d+)\)$",
+                                            count=attempt + 1)[attempt].group(1))
+            assert respawned != talker
+            talker = respawned
+            stream.wait_for(rf"^\[talker-{talker}\] ready$")
+            params = json.loads(stream.wait_for(rf"^\[talker-{talker}\] params (.*)$")[0].group(1))
+            assert params == {"greeting": "hello", "mode": "tree", "rate": 1.0}  # the same command, overrides too
+        assert thread.is_alive() and alive(talker) and alive(listener)
+        assert stream.count(r"^\[launcher\] started listener ") == 1
+        assert len(launcher._children) == 2  # each respawn replaced the dead process
+    finally:
+        launcher.stop()
+        thread.join(30)
+    assert result == {"code": 0}
+    assert not alive(talker) and not alive(listener)
+
+
+@pytest.mark.slow
+def test_respawn_max_retries_then_the_exit_counts_as_usual(tmp_path, procs, router):
+    launch = deployment(tmp_path, [node("server", respawn=True),
+                                   node("flaky", required=False, respawn=True, respawn_max_retries=1),
+                                   node("crasher", respawn=True, respawn_max_retries=2)])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    out.wait_for(r"^\[(server|flaky|crasher)-\d+\] ready$", count=3)
+    server = started(out)["server"]
+
+    def crash(name: str, times: int) -> None:
+        """SIGUSR1 (exit with its exit_code) to the newest process of `name`, `times` times."""
+        for n in range(1, times + 1):
+            pid = int(out.wait_for(rf"^\[launcher\] started {name} \(pid (\d+)\)$", count=n)[n - 1].group(1))
+            out.wait_for(rf"^\[{name}-{pid}\] ready$")
+            os.kill(pid, signal.SIGUSR1)
+            out.wait_for(rf"^\[launcher\] process {name} died \(exit code \d\)", count=n)
+
+    crash("flaky", 2)  # one respawn, then a non-required exit: only logged
+    out.wait_for(r"^\[launcher\] process flaky died \(exit code 3\); respawning in 0 s \(attempt 1\)$")
+    out.wait_for(r"^\[launcher\] process flaky died \(exit code 3\)$")
+    assert proc.poll() is None and alive(server)
+
+    crash("crasher", 3)  # two respawns, then a required exit: the launch stops
+    assert proc.wait(30) == 1
+    out.wait_closed()
+    assert out.count(r"^\[launcher\] process crasher died \(exit code 1\); respawning in 0 s \(attempt [12]\)$") == 2
+    assert out.count(r"^\[launcher\] started (flaky|crasher) ") == 5
+    # the shutdown that followed respawned nothing: server got SIGINT and exited, once
+    assert out.count(rf"^\[server-{server}\] got SIGINT$") == 1
+    assert out.count(r"^\[launcher\] started server ") == 1
+    assert not any(alive(pid) for pid in started(out).values())
+
+
+@pytest.mark.slow
+def test_a_stop_cancels_a_pending_respawn(tmp_path, procs, router):
+    launch = deployment(tmp_path, [node("talker", respawn=True, respawn_delay=30.0)])
+    proc, out = start_launcher(procs, launch, "--router", router)
+    talker = int(out.wait_for(r"^\[talker-(\d+)\] ready$")[0].group(1))
+    os.kill(talker, signal.SIGKILL)
+    out.wait_for(r"^\[launcher\] process talker died \(exit code -9\); respawning in 30 s \(attempt 1\)$")
+    assert proc.poll() is None  # its only node is dead, but coming back: not "no nodes left"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0  # well before the 30 s
+    out.wait_closed()
+    out.wait_for(r"^\[launcher\] received SIGTERM, shutting down$")
+    assert out.count(r"^\[launcher\] started talker ") == 1
+
+
+@pytest.mark.slow
+def test_a_killed_router_is_replaced_and_nodes_started_before_and_after_it_talk(tmp_path, procs):
+    """The nodes' Zenoh sessions reconnect to the new router: a subscriber started after the restart
+    hears a publisher started before it, and two nodes started before it that declare their publisher
+    and subscription only after it find each other."""
+    launch = deployment(tmp_path, [chat_node(tmp_path, "talker"), chat_node(tmp_path, "listener", respawn=True),
+                                   chat_node(tmp_path, "late_talker"), chat_node(tmp_path, "late_listener")],
+                        CHAT_YAML)
+    endpoint = free_endpoint()
+    proc, out = start_launcher(procs, launch, "--router", endpoint)
+    out.wait_for(r"^\[(talker|listener|late_talker|late_listener)-\d+\] ready$", count=4)
+    pids = started(out)
+    out.wait_for(rf"^\[listener-{pids['listener']}\] heard {pids['talker']} \d+$")
+
+    os.kill(pids["zenoh_router"], signal.SIGKILL)
+    out.wait_for(r"^\[launcher\] process zenoh_router died \(exit code -9\)$")
+    out.wait_for(rf"^\[launcher\] zenoh router at {re.escape(endpoint)} is gone; starting a new one$")
+    out.wait_for(rf"^\[launcher\] zenoh router ready at {re.escape(endpoint)}$", count=2)
+    router = int(out.wait_for(r"^\[launcher\] started zenoh_router \(pid (\d+)\)$", count=2)[1].group(1))
+    assert router != pids["zenoh_router"] and alive(router)
+
+    os.kill(pids["listener"], signal.SIGKILL)  # comes back as a subscriber started after the restart
+    listener = int(out.wait_for(r"^\[launcher\] started listener \(pid (\d+)\)$", count=2)[1].group(1))
+    out.wait_for(rf"^\[listener-{listener}\] heard {pids['talker']} \d+$")
+
+    os.kill(pids["late_talker"], signal.SIGUSR1)
+    os.kill(pids["late_listener"], signal.SIGUSR1)
+    out.wait_for(rf"^\[late_listener-{pids['late_listener']}\] heard {pids['late_talker']} \d+$")
+
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    out.wait_closed()
+    assert not router_reachable(endpoint)  # the router it started went last
+    assert not any(alive(pid) for pid in [*pids.values(), router, listener])
+
+
+@pytest.mark.slow
+def test_a_router_found_running_that_dies_is_replaced_by_the_launchers_own(tmp_path, procs):
+    endpoint = free_endpoint()
+    external = start_router(procs, endpoint)
+    launch = deployment(tmp_path, [node("talker"), node("listener")])
+    proc, out = start_launcher(procs, launch, "--router", endpoint)
+    out.wait_for(r"^\[(talker|listener)-\d+\] ready$", count=2)
+    out.wait_for(rf"^\[launcher\] using the zenoh router at {re.escape(endpoint)}$")
+
+    external.kill()
+    external.wait(10)
+    out.wait_for(rf"^\[launcher\] zenoh router at {re.escape(endpoint)} is gone; starting a new one$")
+    out.wait_for(rf"^\[launcher\] zenoh router ready at {re.escape(endpoint)}$")
+    assert router_reachable(endpoint) and proc.poll() is None
+    router = started(out)["zenoh_router"]
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not alive(router) and not router_reachable(endpoint)
+
+
+@pytest.mark.slow
+def test_a_router_that_cannot_be_replaced_stops_the_launch(tmp_path, procs):
+    endpoint = free_endpoint()
+    external = start_router(procs, endpoint)
+    plan = load_plan(str(deployment(tmp_path, [node("talker"), node("listener", required=False)])))
+    stream = StreamOutput()
+    # no router process answers within 50 ms of its start: the replacement fails
+    launcher = Launcher(plan, router=endpoint, router_timeout=0.05, sigterm_timeout=1.0, sigkill_timeout=1.0,
+                        stdout=stream, stderr=stream)
+    thread, result = run_in_thread(launcher)
+    nodes = started(stream)
+    external.kill()
+    thread.join(30)
+    assert result == {"code": 1}
+    stream.wait_for(rf"^\[launcher\] zenoh router at {re.escape(endpoint)} is gone; starting a new one$")
+    stream.wait_for(rf"^\[launcher\] the zenoh router did not accept connections at {re.escape(endpoint)} "
+                    r"within 0.05 s$")
+    stream.wait_for(rf"^\[launcher\] no zenoh router at {re.escape(endpoint)} and a new one did not come up; "
+                    r"the nodes cannot reach each other, stopping the deployment$")
+    assert not any(alive(pid) for pid in started(stream).values())
+    assert all(stream.count(rf"^\[{name}-{pid}\] got SIGINT$") == 1 for name, pid in nodes.items())
+
+
 # ------------------------------------------------------------------- planning
 def test_params_yaml_target_uses_the_launch_file_that_names_it(tmp_path):
     launch = deployment(tmp_path, [node("talker"), node("stubborn", namespace="", required=False)])
@@ -417,6 +657,31 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(tmp_path, args, message
     assert message.format(config=config, tmp=tmp_path) in result.stderr
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"respawn": "yes"}, "node talker: 'respawn' is True or False, got 'yes'"),
+    ({"respawn": True, "respawn_delay": -1}, "node talker: 'respawn_delay' is seconds >= 0, got -1"),
+    ({"respawn": True, "respawn_delay": "2"}, "node talker: 'respawn_delay' is seconds >= 0, got '2'"),
+    ({"respawn": True, "respawn_delay": float("nan")}, "'respawn_delay' is seconds >= 0, got nan"),
+    ({"respawn": True, "respawn_max_retries": 1.5}, "'respawn_max_retries' is an int (-1: no limit), got 1.5"),
+    ({"respawn": True, "respawn_max_retries": True}, "'respawn_max_retries' is an int (-1: no limit), got True"),
+])
+def test_bad_respawn_settings_are_named(tmp_path, extra, message):
+    with pytest.raises(LaunchError) as error:
+        NodeSpec.from_entry(node("talker", **extra), tmp_path / "fixture.launch.py")
+    assert message in str(error.value)
+
+
+def test_respawn_settings_default_as_in_launch(tmp_path):
+    plan = load_plan(str(deployment(tmp_path, [node("talker"), node("listener", respawn=True, respawn_delay=2,
+                                                                    respawn_max_retries=3)])))
+    talker, listener = plan.nodes
+    assert (talker.respawn, talker.respawn_delay, talker.respawn_max_retries) == (False, 0.0, -1)
+    assert (listener.respawn, listener.respawn_delay, listener.respawn_max_retries) == (True, 2.0, 3)
+    assert type(listener.respawn_delay) is float
+    assert [listener.may_respawn(n) for n in range(5)] == [True, True, True, False, False]
+    assert not talker.may_respawn(0)
+
+
 # ------------------------------------------------------------- under ROS 2
 class _Recorded:
     def __init__(self, *args, **kwargs):
@@ -478,3 +743,33 @@ def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
     assert "on_exit" in a and "on_exit" not in b
     assert b["remappings"] == [("in", "/out")] and b["namespace"] is None
     assert b["prefix"] == "taskset -c 1" and "prefix" not in a
+
+
+def test_ros2_launch_description_passes_respawn_settings(monkeypatch, tmp_path):
+    """launch emits ProcessExited on every exit, respawned or not: a required node's Shutdown waits for the last."""
+    from edge_llm_ros import launch_support
+
+    _fake_ros_launch(monkeypatch)
+    monkeypatch.setattr(launch_support, "config_path", lambda config: tmp_path / config)
+    (tmp_path / "r.yaml").write_text("a:\n  ros__parameters: {k: 1}\n")
+    description = launch_support.describe([
+        {"executable": "e", "name": "a", "respawn": True, "respawn_delay": 2.0, "respawn_max_retries": 2},
+        {"executable": "e", "name": "b", "required": False, "respawn": True},
+        {"executable": "e", "name": "c", "respawn": True},
+        {"executable": "e", "name": "d"}], "r.yaml")
+    a, b, c, d = (x.kwargs for x in description.args[0] if type(x).__name__ == "Node")
+    assert (a["respawn"], a["respawn_delay"], a["respawn_max_retries"]) == (True, 2.0, 2)
+    assert (b["respawn"], b["respawn_delay"], b["respawn_max_retries"]) == (True, 0.0, -1)
+    assert not any(key.startswith("respawn") for key in d)  # only when set
+    shutdowns = [a["on_exit"](None, None) for _ in range(3)]  # exits 1 and 2 are respawned, 3 is the last
+    assert shutdowns[:2] == [None, None] and type(shutdowns[2][0]).__name__ == "Shutdown"
+    assert "on_exit" not in b and "on_exit" not in c  # c: required, but respawned for ever
+    assert type(d["on_exit"]).__name__ == "Shutdown"
+
+
+def test_ros2_launch_description_of_edge_cloud_respawns_both_peers(monkeypatch):
+    _fake_ros_launch(monkeypatch)
+    description = runpy.run_path(str(ROOT / "launch" / "edge_cloud.launch.py"))["generate_launch_description"]()
+    nodes = {n.kwargs["name"]: n.kwargs for n in description.args[0] if type(n).__name__ == "Node"}
+    assert {name: (n["respawn"], n["respawn_delay"], "on_exit" in n) for name, n in nodes.items()} == {
+        "verifier_node": (True, 1.0, False), "draft_node": (True, 1.0, False)}

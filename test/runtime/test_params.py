@@ -80,6 +80,39 @@ def test_param_values_round_trip_through_their_text():
         assert parsed == value and type(parsed) is type(value)
 
 
+INT64_RANGE = "(int64 [-9223372036854775808, 9223372036854775807])"
+
+
+def test_integer_params_are_int64():
+    assert parse_param_value("9223372036854775807") == 2**63 - 1
+    assert parse_param_value("[-9223372036854775808, 0]") == [-(2**63), 0]
+    assert parse_param_value("1.0e+400") == float("inf")  # a double, as rcl reads it
+
+
+@pytest.mark.parametrize("text, message", [
+    ("99999999999999999999", f"parameter 'seed': 99999999999999999999 is out of range for an integer parameter {INT64_RANGE}"),
+    ("-9223372036854775809", "parameter 'seed': -9223372036854775809 is out of range for an integer parameter"),
+    ("[1, 9223372036854775808]", "parameter 'seed': 9223372036854775808 is out of range for an integer parameter"),
+    ("9" * 5000, "parameter 'seed': cannot parse value '" + "9" * 60 + "...' (Exceeds the limit (4300 digits) for "
+                 "integer string conversion: value has 5000 digits)"),
+])
+def test_param_values_past_int64_are_one_clear_error(text, message):
+    with pytest.raises(ParamsError) as err:
+        parse_ros_args(["--ros-args", "-p", f"seed:={text}"])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value
+
+
+def test_params_file_values_past_int64_name_file_node_and_parameter(tmp_path):
+    path = write(tmp_path, "talker:\n  ros__parameters:\n    seed: 18446744073709551616\n")
+    with pytest.raises(ParamsError) as err:
+        load_params_file(path, "/talker")
+    assert str(err.value) == (f"{path}: parameter 'seed' of 'talker': 18446744073709551616 is out of range for an "
+                              f"integer parameter {INT64_RANGE}")
+    path = write(tmp_path, "talker:\n  ros__parameters:\n    seed: " + "9" * 5000 + "\n", "long.yaml")
+    with pytest.raises(ParamsError, match=r"long.yaml: cannot read a value \(Exceeds the limit \(4300 digits\)"):
+        load_params_file(path, "/talker")
+
+
 # ---------------------------------------------------------------- params file
 PIPELINE = """
 /**:

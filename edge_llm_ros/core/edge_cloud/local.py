@@ -1,0 +1,106 @@
+"""Both halves in one process with a pluggable link: tests and the bench."""
+
+from __future__ import annotations
+
+import collections
+import queue
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ..config import GenerationConfig
+from .records import DraftRequest, SpeculationMissed, VerifyOutcome
+from .robot import EarlyExitDrafter, EdgeCloudStats
+from .server import EarlyExitVerifier
+
+Deliver = Callable[[VerifyOutcome], None]
+Link = Callable[[VerifyOutcome, Deliver], None]  # link(outcome, deliver): deliver now or later, any thread
+
+
+def direct_link(outcome: VerifyOutcome, deliver: Deliver) -> None:
+    """The ideal link: every outcome arrives the moment it is sent."""
+    deliver(outcome)
+
+
+@dataclass
+class EdgeCloudResult:
+    tokens: list[int]
+    stats: EdgeCloudStats
+    wall_s: float
+
+
+def stream_edge_cloud(
+    verifier: EarlyExitVerifier,
+    drafter: EarlyExitDrafter,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    *,
+    request_id: str = "ee-0",
+    link: Link = direct_link,
+    timeout_s: float = 120.0,
+    stats_out: list | None = None,
+    early_exits: bool = True,
+    send_ahead: bool = False,
+) -> Iterator[int]:
+    """Stream one request through both halves: the robot drafts, the server verifies and streams
+    outcomes through ``link`` (early and final) to the robot's receiver, which pre-drafts from
+    early ones; each final outcome yields its tokens and releases the next draft.
+    ``stats_out`` (a list) receives the request's EdgeCloudStats when the stream ends.
+    ``early_exits`` / ``send_ahead``: as :meth:`EarlyExitDrafter.start` (``config.mode`` ``ar``:
+    cloud decoding); drafts sent ahead go up the same in-order uplink."""
+    inbox: queue.Queue = queue.Queue()
+    to_server: collections.deque[DraftRequest] = collections.deque()  # the uplink, in order
+
+    def receive(outcome: VerifyOutcome) -> None:  # the robot's Receiver (Algorithm 1)
+        if outcome.final:
+            inbox.put(outcome)
+        else:
+            drafter.on_early(outcome)
+
+    sender, drafter.sender = drafter.sender, to_server.append  # this loop is the uplink while it runs
+    try:
+        to_server.append(drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead))
+        while True:
+            while to_server:  # the server: verify what came up, in order
+                draft = to_server.popleft()
+                try:
+                    for outcome in verifier.verify(draft):
+                        link(outcome, receive)
+                except SpeculationMissed:
+                    continue
+                follow = verifier.follow_up(draft.request_id)
+                if follow is not None:
+                    to_server.append(follow)
+            step = None
+            while step is None:  # a stale or duplicated final is ignored; wait for this round's
+                try:
+                    final = inbox.get(timeout=timeout_s)
+                except queue.Empty:
+                    raise TimeoutError(f"no final outcome for {request_id!r} within {timeout_s} s") from None
+                step = drafter.on_final(final)
+            yield from step.tokens
+            if step.finish_reason:
+                break
+            if step.draft is not None:
+                to_server.append(step.draft)
+    finally:
+        stats = drafter.end(request_id)
+        drafter.sender = sender
+        verifier.end(request_id)
+        if stats_out is not None and stats is not None:
+            stats_out.append(stats)
+
+
+def run_edge_cloud(
+    verifier: EarlyExitVerifier,
+    drafter: EarlyExitDrafter,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    **kwargs,
+) -> EdgeCloudResult:
+    """Blocking wrapper of :func:`stream_edge_cloud`: every token, the robot's stats, wall time."""
+    start, out = time.perf_counter(), []
+    tokens = list(stream_edge_cloud(verifier, drafter, prompt_ids, config, stats_out=out, **kwargs))
+    return EdgeCloudResult(tokens, out[0], time.perf_counter() - start)
+
+

@@ -1,0 +1,642 @@
+"""``edge-llm-ros bench --scenario reliability``: fuzz, overload and faults against the launched
+edge-cloud deployment, as a hostile user and a busy fleet would.
+
+    edge-llm-ros bench --scenario reliability --json rel.json
+    edge-llm-ros bench --scenario reliability --messages 2000 --goals 12 --quick
+
+One deployment of ``launch/edge_cloud.launch.py`` (verifier_node and draft_node as processes, the
+embedded launcher on a thread of this process, its own Zenoh router), this process as the fleet:
+
+1. **fuzz**: a goal is running while ``--messages`` seeded fuzz messages (tools/fuzz.py) go raw
+   onto every topic the nodes subscribe to. Every DraftTree that breaks the contract must come
+   back as a VerifyResult whose error names the field (or says busy); every instruction gets a
+   final TokenChunk; the running goal must still return the target's exact greedy text. RSS of
+   both nodes is read before (after a warm-up of as many concurrent goals as draft_node's
+   max_requests and a first burst of 1,000 fuzz messages: the working set of a full node and
+   the buffers a burst touches once) and after (the fuzz's requests expired), each time once the
+   deployment is quiet and a malloc-trim period has passed.
+2. **overload**: ``--goals`` concurrent goals from ``--clients`` action clients, more than the
+   nodes' ``max_requests``: the extra ones are refused as busy at once, the accepted ones all
+   return their exact greedy text.
+3. **faults**: each peer (verifier_node, draft_node, the Zenoh router) is killed (SIGKILL) in
+   turn while a goal runs. That goal must end (never hang); the launcher respawns the node
+   (restarts the router); ``recovery_s`` is the time from the kill to the next goal that returns
+   the exact greedy text, against each node's own start time.
+
+The report (JSON, and a table): messages sent, crashes (a node died that nobody killed), hangs
+(a goal that did not end within its deadline), RSS before/after, live requests lost (accepted
+goals that failed or were not exact without a fault), goals refused as busy, recovery times.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from .fuzz import TOPICS, Fuzzer
+from .generate import Parser, one_line
+from .loading import ToolError
+
+NAMESPACE = "/edge_llm"
+PEERS = ("verifier_node", "draft_node")
+ROUTER = "zenoh_router"
+PROMPTS = ("Name three colors.", "Describe how a robot should explore a new house.",
+           "Write a short poem about the sea.", "Give three tips for charging a battery safely.")
+MAX_NEW_TOKENS = 16
+LIVE_TOKENS = 64  # the goal that runs through the fuzz, and through each fault
+WARM_GOALS = 8  # draft_node's max_requests: RSS "before" is taken with every slot used once ...
+WARM_MESSAGES = 1000  # ... and after a first burst of fuzz (another seed)
+START_TIMEOUT_S = 300.0
+TARGETS = {"crashes": 0, "hangs": 0, "live_requests_lost": 0, "rss_growth_mb": 50.0,
+           "recovery_over_start_time": 2.0, "messages": 10_000, "concurrent_goals": 30}
+STATUS_SUCCEEDED, STATUS_CANCELED, STATUS_ABORTED = 4, 5, 6
+# Launch arguments of the deployment under test: short timeouts so faults show quickly.
+NODE_ARGS = ("timeout_s:=8.0", "idle_timeout_s:=5.0", "threads:=1", "stats_period_s:=0.0")
+
+
+class EventLog:
+    """The launcher's output, every line with the time it came (a text stream for the Launcher)."""
+
+    def __init__(self, path: Path | None = None, keep: int = 50_000) -> None:
+        self.lines: deque[tuple[float, str]] = deque(maxlen=keep)
+        self._file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed in close()
+        self._cond = threading.Condition()
+
+    def write(self, text: str) -> int:
+        now = time.monotonic()
+        with self._cond:
+            self.lines.extend((now, line) for line in text.splitlines() if line)
+            if self._file is not None:
+                self._file.write(text)
+                self._file.flush()
+            self._cond.notify_all()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def find(self, pattern: str, since: float = 0.0) -> list[tuple[float, re.Match]]:
+        regex = re.compile(pattern)
+        with self._cond:
+            return [(t, m) for t, line in self.lines if t >= since and (m := regex.search(line))]
+
+    def wait_for(self, pattern: str, timeout: float, since: float = 0.0) -> tuple[float, re.Match]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = self.find(pattern, since)
+                if found:
+                    return found[0]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ToolError(f"timed out after {timeout:g} s waiting for /{pattern}/; last lines:\n"
+                                    + self.tail())
+                self._cond.wait(min(left, 0.5))
+
+    def count(self, pattern: str, since: float = 0.0) -> int:
+        return len(self.find(pattern, since))
+
+    def tail(self, n: int = 20) -> str:
+        with self._cond:
+            return "\n".join(line for _, line in list(self.lines)[-n:])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+# -- the deployment under test ----------------------------------------------------------------------
+
+
+class Deployment:
+    """launch/edge_cloud.launch.py run by the embedded launcher on a thread, with its own router;
+    knows each process's pid, start time and RSS, and kills them on request."""
+
+    def __init__(self, endpoint: str, log: EventLog, launch_args: list[str] = ()) -> None:
+        from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
+
+        plan = load_plan("edge_cloud")
+        apply_launch_args(plan, [*NODE_ARGS, *launch_args])
+        self.endpoint, self.log = endpoint, log
+        self.launcher = Launcher(plan, router=endpoint, stdout=log, stderr=log, sigterm_timeout=10.0)
+        self.code: int | None = None
+        self.killed: list[str] = []  # processes this harness killed (their deaths are not crashes)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="reliability-launcher")
+
+    def _run(self) -> None:
+        self.code = self.launcher.run()
+
+    def __enter__(self) -> Deployment:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.launcher.stop()
+        self.thread.join(60)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def pid(self, name: str) -> int:
+        """The pid of ``name``'s newest process (from the launcher's "started NAME (pid N)" lines)."""
+        found = self.log.find(rf"\[launcher\] started {re.escape(name)} \(pid (\d+)\)")
+        if not found:
+            raise ToolError(f"{name} was never started; last lines:\n{self.log.tail()}")
+        return int(found[-1][1].group(1))
+
+    def rss_mb(self, name: str) -> float:
+        """Resident memory of ``name``'s process, MiB (VmRSS)."""
+        with open(f"/proc/{self.pid(name)}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise ToolError(f"no VmRSS for {name}")
+
+    def kill(self, name: str) -> float:
+        """SIGKILL ``name``'s process; returns when."""
+        pid = self.pid(name)
+        self.killed.append(name)
+        os.kill(pid, signal.SIGKILL)
+        return time.monotonic()
+
+    def crashes(self) -> list[str]:
+        """The launcher's "process NAME died" lines beyond the kills of NAME this harness made."""
+        kills = {name: self.killed.count(name) for name in set(self.killed)}
+        crashed = []
+        for _, match in self.log.find(r"\[launcher\] process (\S+) died.*"):
+            name = match.group(1)
+            if kills.get(name, 0) > 0:
+                kills[name] -= 1
+            else:
+                crashed.append(match.group(0))
+        return crashed
+
+
+READY = {"verifier_node": r"verifying /edge_llm/draft -> /edge_llm/verify", "draft_node": r"drafting with"}
+
+
+def start_time_s(log: EventLog, name: str, since: float = 0.0) -> float:
+    """Seconds from the launcher starting ``name`` to its ready line (models loaded, subscribed)."""
+    started, _ = log.wait_for(rf"\[launcher\] started {name} \(pid \d+\)", START_TIMEOUT_S, since)
+    ready, _ = log.wait_for(rf"\[{name}-\d+\].*{READY[name]}", START_TIMEOUT_S, started)
+    return ready - started
+
+
+# -- the fleet ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class GoalRun:
+    prompt: str
+    max_new_tokens: int = MAX_NEW_TOKENS
+    status: int | None = None  # None: rejected, or no result (a hang, or the server went away)
+    accepted: bool = False
+    tokens: list[int] = field(default_factory=list)
+    reason: str = ""
+    error: str = ""
+    hung: bool = False  # accepted, and no result (nor a failure) within its deadline
+    wall_s: float = 0.0
+    first_feedback: threading.Event = field(default_factory=threading.Event)
+
+
+class Fleet:
+    """This process as robots' applications: action clients, a raw publisher per fuzzed topic, and
+    listeners on `verify` and `response` to check that every refused input was answered."""
+
+    def __init__(self, clients: int = 1) -> None:
+        from edge_llm_ros.runtime import action, message
+        from edge_llm_ros.runtime.actions import ActionClient
+        from edge_llm_ros.runtime.cli import Session
+
+        self.session = Session()
+        self.node = self.session.node
+        self.node.get_logger().set_level("fatal")  # the fuzz we send also reaches our own listener: no echo
+        self.Generate = action("edge_llm_ros/action/Generate")
+        self.clients = [ActionClient(self.node, self.Generate, f"{NAMESPACE}/generate", call_timeout=30.0)
+                        for _ in range(max(1, clients))]
+        self.publishers = {topic: self.node.create_publisher(message(ros_type), f"{NAMESPACE}/{topic}", 1000)
+                           for topic, ros_type in TOPICS.items()}
+        self._lock = threading.Lock()
+        self.errors: dict[str, list[str]] = {}  # request id -> VerifyResult.error of its final rejections
+        self.answered: set[str] = set()  # request ids with a final VerifyResult
+        self.done_chunks = 0
+        self.node.create_subscription(message("edge_llm_ros/msg/VerifyResult"), f"{NAMESPACE}/verify",
+                                      self._on_verify, 1000)
+        self.node.create_subscription(message("edge_llm_ros/msg/TokenChunk"), f"{NAMESPACE}/response",
+                                      self._on_chunk, 1000)
+
+    def _on_verify(self, msg) -> None:
+        if msg.final:
+            with self._lock:
+                self.answered.add(msg.request_id)
+                if msg.error:
+                    self.errors.setdefault(msg.request_id, []).append(msg.error)
+
+    def _on_chunk(self, msg) -> None:
+        if msg.done:
+            with self._lock:
+                self.done_chunks += 1
+
+    def wait_ready(self, deployment: Deployment, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not (all(c.server_is_ready() for c in self.clients)
+                   and self.node.count_subscribers(f"{NAMESPACE}/draft") >= 1
+                   and self.node.count_subscribers(f"{NAMESPACE}/verify") >= 2):  # draft_node and us
+            if not deployment.alive():
+                raise ToolError(f"the deployment stopped; last lines:\n{deployment.log.tail()}")
+            if time.monotonic() > deadline:
+                raise ToolError(f"the nodes were not ready within {timeout:g} s; last lines:\n{deployment.log.tail()}")
+            time.sleep(0.2)
+
+    def send(self, prompt: str, client: int = 0, **goal) -> tuple[GoalRun, object]:
+        """Send a goal; (its record, the result future or None if it was rejected)."""
+        goal.setdefault("max_new_tokens", MAX_NEW_TOKENS)
+        run = GoalRun(prompt, goal["max_new_tokens"])
+        start = time.monotonic()
+
+        def on_feedback(_msg) -> None:
+            run.first_feedback.set()
+
+        handle = self.clients[client % len(self.clients)].send_goal_async(
+            self.Generate.Goal(prompt=prompt, **goal), on_feedback).result(30.0)
+        run.accepted = bool(handle.accepted)
+        run.wall_s = time.monotonic() - start
+        if not run.accepted:
+            return run, None
+        return run, (handle, start)
+
+    @staticmethod
+    def finish(run: GoalRun, pending, deadline_s: float) -> GoalRun:
+        """Wait for a sent goal's result until ``deadline_s`` (status None: it hung or its server went away)."""
+        if pending is None:
+            return run
+        handle, start = pending
+        future = handle.get_result_async()
+        try:
+            response = future.result(deadline_s)
+        except Exception as exc:  # the server went away, or nothing came in time
+            run.hung = not future.done()
+            run.error = f"no result within {deadline_s:g} s" if run.hung else one_line(exc)
+            return run
+        run.status, run.tokens = response.status, list(response.result.token_ids)
+        run.reason, run.wall_s = response.result.finish_reason, time.monotonic() - start
+        return run
+
+    def generate(self, prompt: str, deadline_s: float, client: int = 0, **goal) -> GoalRun:
+        run, pending = self.send(prompt, client, **goal)
+        return self.finish(run, pending, deadline_s)
+
+    def publish_raw(self, topic: str, data: bytes) -> None:
+        self.publishers[topic].publish_raw(data)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.destroy()
+        self.session.close()
+
+
+class References:
+    """The target's own greedy output per (prompt, max_new_tokens) (core generate_all, mode ar),
+    computed here once each."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[str, int], list[int]] = {}
+        self._target = None
+
+    def __call__(self, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
+        if (prompt, max_new_tokens) not in self._done:
+            from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all, load_model
+
+            if self._target is None:
+                self._target = load_model()
+            self._done[prompt, max_new_tokens] = generate_all(
+                self._target, chat_prompt(self._target.tokenizer, prompt),
+                GenerationConfig(mode="ar", max_new_tokens=max_new_tokens)).tokens
+        return self._done[prompt, max_new_tokens]
+
+
+def exact(run: GoalRun, references: References) -> bool:
+    return run.status == STATUS_SUCCEEDED and run.tokens == references(run.prompt, run.max_new_tokens)
+
+
+# -- the three phases ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Burst:
+    """What one burst of fuzz owes: answers to refused DraftTrees (id -> the field the error names,
+    or "answer") and final TokenChunks to the instructions that deserialize."""
+
+    sent: int = 0
+    publish_s: float = 0.0
+    owed: dict[str, str] = field(default_factory=dict)
+    instructions: int = 0
+
+
+def fuzz_burst(fleet: Fleet, seed: int, messages: int) -> Burst:
+    """Publish ``messages`` seeded fuzz messages as fast as the transport takes them."""
+    from edge_llm_ros.runtime.interfaces import registry
+
+    burst, started = Burst(), time.monotonic()
+    for msg in Fuzzer(seed).messages(messages):
+        fleet.publish_raw(msg.topic, msg.data)
+        burst.sent += 1
+        if msg.expect and msg.kind in ("invalid", "valid"):
+            burst.owed[msg.request_id] = msg.expect
+        if msg.topic == "instruction":
+            try:  # a mutated or cut one that still deserializes is an instruction too
+                registry().deserialize(msg.data, msg.ros_type)
+                burst.instructions += 1
+            except Exception:
+                pass
+    burst.publish_s = time.monotonic() - started
+    return burst
+
+
+def await_answers(fleet: Fleet, burst: Burst, done_before: int, timeout: float) -> bool:
+    """Until every refused DraftTree and every instruction of ``burst`` has its answer."""
+    deadline = time.monotonic() + timeout
+    while not (set(burst.owed) <= fleet.answered and fleet.done_chunks - done_before >= burst.instructions):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def settled_rss(deployment: Deployment, fleet: Fleet, references: References, deadline_s: float) -> dict:
+    """Each node's RSS once the deployment is quiet: a goal served exactly (the fuzz's requests
+    expired from the verifier), then one malloc-trim period (nodes/common.py) later."""
+    from edge_llm_ros.nodes.common import TRIM_PERIOD_S
+
+    goal, deadline = fleet.generate(PROMPTS[0], deadline_s), time.monotonic() + 2 * deadline_s
+    while not exact(goal, references) and time.monotonic() < deadline:  # the verifier is full of fuzz requests
+        goal = fleet.generate(PROMPTS[0], deadline_s)
+    if not exact(goal, references):
+        raise ToolError(f"no exact goal after the fuzz: {goal}")
+    time.sleep(TRIM_PERIOD_S + 1.0)
+    return {name: deployment.rss_mb(name) for name in PEERS}
+
+
+def fuzz_phase(deployment: Deployment, fleet: Fleet, references: References, messages: int, seed: int,
+               goal_deadline_s: float) -> dict:
+    """A warm-up burst (first-touch memory: zenoh's buffers, the allocator's high-water), RSS
+    before; then a live goal with ``messages`` fuzz messages while it runs, and: the goal exact,
+    every refused DraftTree answered with the field at fault, every instruction answered, RSS after."""
+    rss_start = {name: deployment.rss_mb(name) for name in PEERS}
+    done = fleet.done_chunks
+    warm = fuzz_burst(fleet, seed + 1, WARM_MESSAGES)
+    await_answers(fleet, warm, done, goal_deadline_s * 4)
+    rss_before = settled_rss(deployment, fleet, references, goal_deadline_s)
+    done = fleet.done_chunks
+    live, pending = fleet.send(PROMPTS[1], max_new_tokens=LIVE_TOKENS)
+    if pending is None:
+        raise ToolError("the live goal of the fuzz phase was rejected")
+    live.first_feedback.wait(goal_deadline_s)
+    burst = fuzz_burst(fleet, seed, messages)
+    Fleet.finish(live, pending, goal_deadline_s)
+    await_answers(fleet, burst, done, goal_deadline_s * 4)
+    unanswered = [rid for rid in burst.owed if rid not in fleet.answered]
+    wrong = {rid[:40]: [e[:120] for e in fleet.errors.get(rid, [])] for rid, expect in burst.owed.items()
+             if expect != "answer" and rid in fleet.answered
+             and not any(e.startswith((f"{expect}:", "busy:")) for e in fleet.errors.get(rid, []))}
+    instruction_answers = fleet.done_chunks - done
+    rss_after = settled_rss(deployment, fleet, references, goal_deadline_s)
+    return {
+        "messages": burst.sent,
+        "warm_up_messages": warm.sent,
+        "publish_s": burst.publish_s,
+        "live_goal_exact": exact(live, references),
+        "live_goal": {"status": live.status, "reason": live.reason, "error": live.error},
+        "owed_answers": len(burst.owed),
+        "unanswered": len(unanswered),
+        "wrong_errors": wrong,
+        "instructions": burst.instructions,
+        "instruction_answers": instruction_answers,
+        "rss_start_mb": rss_start,
+        "rss_before_mb": rss_before,
+        "rss_after_mb": rss_after,
+        "rss_growth_mb": max(rss_after[n] - rss_before[n] for n in PEERS),
+    }
+
+
+def overload_phase(fleet: Fleet, references: References, goals: int, goal_deadline_s: float) -> dict:
+    """``goals`` goals at once from every client: the extra ones refused as busy, the others exact."""
+    sent: list = [None] * goals
+
+    def one(i: int) -> None:
+        sent[i] = fleet.send(PROMPTS[i % len(PROMPTS)], client=i)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(goals)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    runs = [Fleet.finish(run, pending, goal_deadline_s) for run, pending in sent]
+    accepted = [r for r in runs if r.accepted]
+    return {
+        "goals": goals,
+        "clients": len(fleet.clients),
+        "accepted": len(accepted),
+        "refused_busy": len(runs) - len(accepted),
+        "exact": sum(exact(r, references) for r in accepted),
+        "hangs": sum(r.hung for r in accepted),
+        "failed": [{"status": r.status, "reason": r.reason, "error": r.error} for r in accepted
+                   if not exact(r, references)],
+        "max_wall_s": max((r.wall_s for r in accepted), default=0.0),
+    }
+
+
+def fault_phase(deployment: Deployment, fleet: Fleet, references: References, name: str,
+                goal_deadline_s: float, recovery_deadline_s: float) -> dict:
+    """Kill ``name`` while a goal runs; that goal must end; then time until a goal is exact again."""
+    run, pending = fleet.send(PROMPTS[1], max_new_tokens=LIVE_TOKENS)
+    if pending is not None:
+        run.first_feedback.wait(goal_deadline_s)
+    killed_at = deployment.kill(name)
+    Fleet.finish(run, pending, goal_deadline_s)
+    attempts, recovered_at, last = 0, None, None
+    while time.monotonic() - killed_at < recovery_deadline_s:
+        fleet.wait_ready(deployment, recovery_deadline_s)  # the action server and both subscriptions are back
+        attempts += 1
+        last = fleet.generate(PROMPTS[0], goal_deadline_s)
+        if exact(last, references):
+            recovered_at = time.monotonic()
+            break
+        if not deployment.alive():
+            break
+        time.sleep(0.25)  # a failed attempt (node still starting): try again
+    restart_s = start_time_s(deployment.log, name, killed_at) if name != ROUTER else None
+    return {
+        "killed": name,
+        "goal_in_flight": {"status": run.status, "reason": run.reason, "error": run.error, "ended": not run.hung},
+        "recovery_s": None if recovered_at is None else recovered_at - killed_at,
+        "restart_s": restart_s,
+        "attempts": attempts,
+        "last": {"status": last.status if last else None, "reason": last.reason if last else "",
+                 "error": last.error if last else ""},
+    }
+
+
+def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path: Path | None,
+                    faults: tuple[str, ...] = (*PEERS, ROUTER), launch_args: list[str] = ()) -> dict:
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint
+
+    endpoint = free_endpoint()
+    os.environ[ENDPOINT_ENV] = endpoint  # this process's session and the nodes meet at the launcher's router
+    log, references = EventLog(log_path), References()
+    started = time.perf_counter()
+    goal_deadline_s = 60.0
+    with Deployment(endpoint, log, launch_args) as deployment:
+        start = {name: start_time_s(log, name) for name in PEERS}
+        fleet = Fleet(clients)
+        try:
+            fleet.wait_ready(deployment)
+            for prompt in PROMPTS:
+                references(prompt)
+            references(PROMPTS[1], LIVE_TOKENS)
+            warm = overload_phase(fleet, references, WARM_GOALS, goal_deadline_s)  # every slot busy once
+            if warm["exact"] != warm["accepted"] or not warm["accepted"]:
+                raise ToolError(f"the warm-up goals were not the target's greedy output: {warm}")
+            fuzz = fuzz_phase(deployment, fleet, references, messages, seed, goal_deadline_s)
+            overload = overload_phase(fleet, references, goals, goal_deadline_s)
+            fault_runs = {name: fault_phase(deployment, fleet, references, name, goal_deadline_s,
+                                            max(60.0, 4 * max(start.values())))
+                          for name in faults}
+            crashes = deployment.crashes()
+        finally:
+            fleet.close()
+    log.close()
+    hangs = overload["hangs"] + sum(not f["goal_in_flight"]["ended"] for f in fault_runs.values())
+    lost = (not fuzz["live_goal_exact"]) + len(overload["failed"])
+    return {
+        "scenario": "reliability",
+        "label": "emulated link",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "deployment": {"launch": "edge_cloud", "launch_arguments": [*NODE_ARGS, *launch_args], "seed": seed},
+        "messages": fuzz["messages"],
+        "crashes": len(crashes),
+        "crash_lines": crashes,
+        "hangs": hangs,
+        "rss_start_mb": fuzz["rss_start_mb"],
+        "rss_before_mb": fuzz["rss_before_mb"],
+        "rss_after_mb": fuzz["rss_after_mb"],
+        "rss_growth_mb": fuzz["rss_growth_mb"],
+        "live_requests_lost": lost,
+        "refused_busy": overload["refused_busy"],
+        "start_s": start,
+        "recovery_s": {name: f["recovery_s"] for name, f in fault_runs.items()},
+        "fuzz": fuzz,
+        "overload": overload,
+        "faults": fault_runs,
+        "targets": TARGETS,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+# -- CLI -----------------------------------------------------------------------------------------------
+
+
+def format_table(report: dict) -> str:
+    fuzz, overload = report["fuzz"], report["overload"]
+    lines = [
+        f"reliability ({report['label']}): edge_cloud deployment, seed {report['deployment']['seed']}",
+        f"  fuzz        {report['messages']} messages in {fuzz['publish_s']:.1f} s; live goal exact: "
+        f"{fuzz['live_goal_exact']}; refusals answered {fuzz['owed_answers'] - fuzz['unanswered']}/"
+        f"{fuzz['owed_answers']} ({len(fuzz['wrong_errors'])} naming the wrong field); instructions answered "
+        f"{fuzz['instruction_answers']}/{fuzz['instructions']}",
+        "  rss MiB     " + ", ".join(f"{n} {report['rss_before_mb'][n]:.0f} -> {report['rss_after_mb'][n]:.0f}"
+                                   for n in report["rss_before_mb"]) + f" (growth {report['rss_growth_mb']:.1f})",
+        f"  overload    {overload['goals']} goals from {overload['clients']} clients: {overload['accepted']} accepted "
+        f"({overload['exact']} exact), {overload['refused_busy']} refused as busy",
+    ]
+    for name, fault in report["faults"].items():
+        recovery = fault["recovery_s"]
+        start = report["start_s"].get(name)
+        lines.append(f"  kill {name:<14} goal in flight: {fault['goal_in_flight']['reason'] or fault['goal_in_flight']['error'] or fault['goal_in_flight']['status']}; "
+                     f"recovered in {'-' if recovery is None else f'{recovery:.1f} s'}"
+                     + (f" (start time {start:.1f} s)" if start else ""))
+    lines.append(f"  crashes {report['crashes']}, hangs {report['hangs']}, live requests lost "
+                 f"{report['live_requests_lost']}")
+    return "\n".join(lines)
+
+
+def failures(report: dict) -> list[str]:
+    """What misses the issue's targets (empty: every target met)."""
+    out = []
+    for key in ("crashes", "hangs", "live_requests_lost"):
+        if report[key]:
+            out.append(f"{key}: {report[key]} (target 0)")
+    if report["rss_growth_mb"] > TARGETS["rss_growth_mb"]:
+        out.append(f"rss_growth_mb: {report['rss_growth_mb']:.1f} (target < {TARGETS['rss_growth_mb']:g})")
+    for name, recovery in report["recovery_s"].items():
+        start = report["start_s"].get(name)
+        if recovery is None:
+            out.append(f"recovery after killing {name}: none")
+        elif start and recovery > TARGETS["recovery_over_start_time"] * start:
+            out.append(f"recovery after killing {name}: {recovery:.1f} s > 2 x its start time {start:.1f} s")
+    return out
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="edge-llm-ros bench --scenario reliability",
+               description="Fuzz, overload and kill the edge-cloud deployment; report crashes, hangs, memory, recovery.")
+    p.add_argument("--scenario", choices=["reliability"], default="reliability")
+    p.add_argument("--messages", type=int, default=10_000, help="fuzz messages (default %(default)s)")
+    p.add_argument("--goals", type=int, default=30, help="concurrent goals in the overload phase (default %(default)s)")
+    p.add_argument("--clients", type=int, default=3, help="action clients the goals come from (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="fuzz seed (default %(default)s)")
+    p.add_argument("--faults", default=",".join((*PEERS, ROUTER)),
+                   help="processes to kill, comma-separated (default %(default)s; '' for none)")
+    p.add_argument("--quick", action="store_true", help="2000 messages, 12 goals")
+    p.add_argument("--json", metavar="FILE", help="write the report here")
+    p.add_argument("--log", metavar="FILE", help="the nodes' output (default: FILE.log next to --json)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
+                   help="a launch argument for the deployment (repeatable)")
+    return p
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        messages, goals = (2000, 12) if args.quick else (args.messages, args.goals)
+        for name, value, low in (("--messages", messages, 0), ("--goals", goals, 1), ("--clients", args.clients, 1)):
+            if value < low:
+                raise ToolError(f"{name} must be >= {low}, got {value}")
+        faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+        unknown = [f for f in faults if f not in (*PEERS, ROUTER)]
+        if unknown:
+            raise ToolError(f"--faults: unknown process {unknown[0]!r}; expected some of {', '.join((*PEERS, ROUTER))}")
+        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+            raise ToolError(f"--json: folder {Path(args.json).parent} does not exist")
+        log = Path(args.log) if args.log else (Path(args.json).with_suffix(".log") if args.json else None)
+        report = run_reliability(messages, goals, args.clients, args.seed, log, faults, args.set)
+    except ToolError as exc:
+        print(f"error: {one_line(exc)}", file=err, flush=True)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    print(format_table(report), file=out, flush=True)
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}", file=err, flush=True)
+    missed = failures(report)
+    for line in missed:
+        print(f"target missed: {line}", file=err, flush=True)
+    return 1 if missed else 0
