@@ -13,11 +13,12 @@ InferenceStats with τ, cache miss rate and the average exit layer of the hits) 
 a PruneInfo with `release` on `prune` frees its cache on the verifier; its stats go on `stats`.
 
 If no final VerifyResult arrives within `timeout_s` (verifier gone, link down), the request
-ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs. A goal that
-finds no verifier subscribed to `draft` fails at once. At most `max_requests` requests run at
-once: a goal beyond that is rejected when it is sent (busy), an instruction answered with an
-error chunk. A goal whose fields are out of range (empty prompt, temperature not a finite number
->= 0, top_p outside [0, 1], seed below -1, an unknown mode) is aborted with the reason.
+ends with an error (the goal is aborted, finish_reason "error: ..."); it never hangs. When no
+verifier subscribes to `draft` any more (two checks a second apart) it ends within about two
+seconds ("verifier gone"). At most `max_requests` requests run at once: a goal beyond that is
+rejected when it is sent (busy), an instruction answered with an error chunk. A goal whose
+fields are out of range (empty prompt, temperature not a finite number >= 0, top_p outside
+[0, 1], seed below -1, an unknown mode) is aborted with the reason.
 
 Sampled requests draft from the request's warps with top-k capped at `proposal_top_k`, the
 proposal support each drafted token carries on the wire; the verifier's test stays exact.
@@ -235,9 +236,6 @@ class DraftNode(rt.Node):
 
         if not prompt.strip():
             raise ValueError("prompt is empty")
-        if self.count_subscribers("draft") == 0:
-            raise VerifierTimeout(f"no verifier: nothing subscribes to {self.resolve('draft')} (is verifier_node "
-                                  "running, or restarting?)")
         rid, inbox, decoder = uuid.uuid4().hex[:12], queue.Queue(), IncrementalDecoder(self.tokenizer)
         _, early_exits, send_ahead = EDGE_MODES[mode]
         started = time.monotonic()
@@ -271,9 +269,10 @@ class DraftNode(rt.Node):
             self.end_request(rid, mode, config, finished)
 
     def await_final(self, inbox: queue.Queue, tokens: int):
-        """The next final outcome of a request; VerifierTimeout after timeout_s, or as soon as no
-        verifier subscribes to `draft` any more (it died: the draft in flight is lost with it)."""
-        deadline = time.monotonic() + self.timeout_s
+        """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier
+        subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
+        PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
+        deadline, absent = time.monotonic() + self.timeout_s, 0
         while True:
             try:
                 return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
@@ -282,9 +281,10 @@ class DraftNode(rt.Node):
             if time.monotonic() >= deadline:
                 raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
                                       f"tokens): is verifier_node running and subscribed to {self.resolve('draft')}?")
-            if self.count_subscribers("draft") == 0:
-                raise VerifierTimeout(f"verifier gone: nothing subscribes to {self.resolve('draft')} any more (after "
-                                      f"{tokens} tokens; verifier_node died or is restarting)")
+            absent = absent + 1 if self.count_subscribers("draft") == 0 else 0
+            if absent >= 2:
+                raise VerifierTimeout(f"verifier gone: nothing subscribes to {self.resolve('draft')} any more "
+                                      f"(verifier_node died or is restarting; {tokens} token(s) committed)")
 
     def execute(self, goal_handle):
         """The generate action: accepted text as feedback, then the result (frees the goal's slot)."""

@@ -50,7 +50,6 @@ import shutil
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -58,6 +57,7 @@ from typing import TextIO
 from edge_llm_ros.core.llama_backend import llama_cpp_available
 
 from .bench import LOSSLESS_MARK, fmt_value
+from .deployment import Deployment, EventLog
 from .generate import Parser, one_line
 from .loading import LLAMA_CPP, ToolError, check_draft_spec, resolve_draft_backend
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -79,73 +79,22 @@ TARGETS = {"rtt_ms": 50.0, "sd_to_ee": 1.15, "ar_to_sd": 1.5, "max_cache_miss_ra
 # -- one deployment -------------------------------------------------------------------------------------
 
 
-class LineLog:
-    """A text stream for the launcher: keeps the last lines (for errors) and copies all to a file."""
+def edge_cloud_plan(rtt_ms: float, bandwidth_mbps: float, args: list[str], cores: dict[str, int] | None = None):
+    """launch/edge_cloud.launch.py with one link setting (one-way latency RTT/2 and the bandwidth each
+    way) and ``args``; each node pinned to its core in ``cores`` (launch_ros' prefix), as on two devices."""
+    from edge_llm_ros.runtime.launcher import apply_launch_args, load_plan
 
-    def __init__(self, path: Path | None) -> None:
-        self.lines: deque[str] = deque(maxlen=200)
-        self._file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed in close()
-        self._lock = threading.Lock()
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            self.lines.extend(line for line in text.splitlines() if line)
-            if self._file is not None:
-                self._file.write(text)
-                self._file.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def tail(self, n: int = 15) -> str:
-        with self._lock:
-            return "\n".join(list(self.lines)[-n:])
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-
-
-class Deployment:
-    """launch/edge_cloud.launch.py with one link setting, run by the embedded launcher on a thread."""
-
-    def __init__(self, endpoint: str, rtt_ms: float, bandwidth_mbps: float, args: list[str], log: LineLog,
-                 cores: dict[str, int] | None = None) -> None:
-        from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
-
-        one_way = rtt_ms / 2
-        plan = load_plan("edge_cloud")
-        for node in plan.nodes:  # each node on a core of its own, as on two devices (launch_ros' prefix)
-            if cores and node.name in cores:
-                node.prefix = ["taskset", "-c", str(cores[node.name])]
-        apply_launch_args(plan, [
-            f"link_emulation.uplink.latency_ms:={one_way}", f"link_emulation.downlink.latency_ms:={one_way}",
-            f"link_emulation.uplink.bandwidth_mbps:={bandwidth_mbps}",
-            f"link_emulation.downlink.bandwidth_mbps:={bandwidth_mbps}", *args,
-        ])
-        self.log = log
-        self.launcher = Launcher(plan, router=endpoint, stdout=log, stderr=log, sigterm_timeout=10.0)
-        self.code: int | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True, name="edge-cloud-launcher")
-
-    def _run(self) -> None:
-        self.code = self.launcher.run()
-
-    def __enter__(self) -> Deployment:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.launcher.stop()
-        self.thread.join(60)
-
-    def check_alive(self) -> None:
-        if not self.thread.is_alive():
-            raise ToolError(f"the edge-cloud deployment stopped (exit {self.code}); its last lines:\n{self.log.tail()}")
+    one_way = rtt_ms / 2
+    plan = load_plan("edge_cloud")
+    for node in plan.nodes:
+        if cores and node.name in cores:
+            node.prefix = ["taskset", "-c", str(cores[node.name])]
+    apply_launch_args(plan, [
+        f"link_emulation.uplink.latency_ms:={one_way}", f"link_emulation.downlink.latency_ms:={one_way}",
+        f"link_emulation.uplink.bandwidth_mbps:={bandwidth_mbps}",
+        f"link_emulation.downlink.bandwidth_mbps:={bandwidth_mbps}", *args,
+    ])
+    return plan
 
 
 class Client:
@@ -331,7 +280,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
     router.start()
     if not router_ready.wait(20):
         raise ToolError(f"could not start a zenoh router at {endpoint}")
-    log = LineLog(log_path)
+    log = EventLog(log_path)
     cores = node_cores(pin)
     settings = [(rtt, bw) for rtt in rtts for bw in bandwidths]
     node_args = ["threads:=1", f"gamma:={gamma}", "timeout_s:=120.0", "stats_period_s:=0.0"]
@@ -350,8 +299,8 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                 reference = None
                 for i, backend in enumerate(backends):
                     bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s, draft on {backend}")
-                    with Deployment(endpoint, rtt, bw, [*node_args, f"draft_backend:={backend}"], log,
-                                    cores) as deployment:
+                    plan = edge_cloud_plan(rtt, bw, [*node_args, f"draft_backend:={backend}"], cores)
+                    with Deployment(plan, endpoint, log, "edge-cloud deployment") as deployment:
                         goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
                                           max_new_tokens, bar)
                     result = report_backend(goals, prompts, gamma, reference)

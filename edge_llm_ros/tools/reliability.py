@@ -34,16 +34,14 @@ import datetime
 import json
 import os
 import platform
-import re
-import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from .deployment import Deployment, EventLog
 from .fuzz import TOPICS, Fuzzer
 from .generate import Parser, one_line
 from .loading import ToolError
@@ -59,134 +57,23 @@ WARM_GOALS = 8  # draft_node's max_requests: RSS "before" is taken with every sl
 WARM_MESSAGES = 1000  # ... and after a first burst of fuzz (another seed)
 START_TIMEOUT_S = 300.0
 TARGETS = {"crashes": 0, "hangs": 0, "live_requests_lost": 0, "rss_growth_mb": 50.0,
-           "recovery_over_start_time": 2.0, "messages": 10_000, "concurrent_goals": 30}
+           "recovery_over_start_time": 2.0,  # the verifier's (the issue's target); the others are reported
+           "messages": 10_000, "concurrent_goals": 30}
 STATUS_SUCCEEDED, STATUS_CANCELED, STATUS_ABORTED = 4, 5, 6
 # Launch arguments of the deployment under test: short timeouts so faults show quickly.
 NODE_ARGS = ("timeout_s:=8.0", "idle_timeout_s:=5.0", "threads:=1", "stats_period_s:=0.0")
 
 
-class EventLog:
-    """The launcher's output, every line with the time it came (a text stream for the Launcher)."""
-
-    def __init__(self, path: Path | None = None, keep: int = 50_000) -> None:
-        self.lines: deque[tuple[float, str]] = deque(maxlen=keep)
-        self._file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed in close()
-        self._cond = threading.Condition()
-
-    def write(self, text: str) -> int:
-        now = time.monotonic()
-        with self._cond:
-            self.lines.extend((now, line) for line in text.splitlines() if line)
-            if self._file is not None:
-                self._file.write(text)
-                self._file.flush()
-            self._cond.notify_all()
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def find(self, pattern: str, since: float = 0.0) -> list[tuple[float, re.Match]]:
-        regex = re.compile(pattern)
-        with self._cond:
-            return [(t, m) for t, line in self.lines if t >= since and (m := regex.search(line))]
-
-    def wait_for(self, pattern: str, timeout: float, since: float = 0.0) -> tuple[float, re.Match]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                found = self.find(pattern, since)
-                if found:
-                    return found[0]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ToolError(f"timed out after {timeout:g} s waiting for /{pattern}/; last lines:\n"
-                                    + self.tail())
-                self._cond.wait(min(left, 0.5))
-
-    def count(self, pattern: str, since: float = 0.0) -> int:
-        return len(self.find(pattern, since))
-
-    def tail(self, n: int = 20) -> str:
-        with self._cond:
-            return "\n".join(line for _, line in list(self.lines)[-n:])
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-
-
-# -- the deployment under test ----------------------------------------------------------------------
-
-
-class Deployment:
-    """launch/edge_cloud.launch.py run by the embedded launcher on a thread, with its own router;
-    knows each process's pid, start time and RSS, and kills them on request."""
-
-    def __init__(self, endpoint: str, log: EventLog, launch_args: list[str] = ()) -> None:
-        from edge_llm_ros.runtime.launcher import Launcher, apply_launch_args, load_plan
-
-        plan = load_plan("edge_cloud")
-        apply_launch_args(plan, [*NODE_ARGS, *launch_args])
-        self.endpoint, self.log = endpoint, log
-        self.launcher = Launcher(plan, router=endpoint, stdout=log, stderr=log, sigterm_timeout=10.0)
-        self.code: int | None = None
-        self.killed: list[str] = []  # processes this harness killed (their deaths are not crashes)
-        self.thread = threading.Thread(target=self._run, daemon=True, name="reliability-launcher")
-
-    def _run(self) -> None:
-        self.code = self.launcher.run()
-
-    def __enter__(self) -> Deployment:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.launcher.stop()
-        self.thread.join(60)
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def pid(self, name: str) -> int:
-        """The pid of ``name``'s newest process (from the launcher's "started NAME (pid N)" lines)."""
-        found = self.log.find(rf"\[launcher\] started {re.escape(name)} \(pid (\d+)\)")
-        if not found:
-            raise ToolError(f"{name} was never started; last lines:\n{self.log.tail()}")
-        return int(found[-1][1].group(1))
-
-    def rss_mb(self, name: str) -> float:
-        """Resident memory of ``name``'s process, MiB (VmRSS)."""
-        with open(f"/proc/{self.pid(name)}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        raise ToolError(f"no VmRSS for {name}")
-
-    def kill(self, name: str) -> float:
-        """SIGKILL ``name``'s process; returns when."""
-        pid = self.pid(name)
-        self.killed.append(name)
-        os.kill(pid, signal.SIGKILL)
-        return time.monotonic()
-
-    def crashes(self) -> list[str]:
-        """The launcher's "process NAME died" lines beyond the kills of NAME this harness made."""
-        kills = {name: self.killed.count(name) for name in set(self.killed)}
-        crashed = []
-        for _, match in self.log.find(r"\[launcher\] process (\S+) died.*"):
-            name = match.group(1)
-            if kills.get(name, 0) > 0:
-                kills[name] -= 1
-            else:
-                crashed.append(match.group(0))
-        return crashed
-
-
 READY = {"verifier_node": r"verifying /edge_llm/draft -> /edge_llm/verify", "draft_node": r"drafting with"}
+
+
+def edge_cloud_plan(launch_args: list[str] = ()):
+    """launch/edge_cloud.launch.py with the suite's short timeouts (NODE_ARGS) and ``launch_args``."""
+    from edge_llm_ros.runtime.launcher import apply_launch_args, load_plan
+
+    plan = load_plan("edge_cloud")
+    apply_launch_args(plan, [*NODE_ARGS, *launch_args])
+    return plan
 
 
 def start_time_s(log: EventLog, name: str, since: float = 0.0) -> float:
@@ -500,7 +387,7 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
     log, references = EventLog(log_path), References()
     started = time.perf_counter()
     goal_deadline_s = 60.0
-    with Deployment(endpoint, log, launch_args) as deployment:
+    with Deployment(edge_cloud_plan(launch_args), endpoint, log) as deployment:
         start = {name: start_time_s(log, name) for name in PEERS}
         fleet = Fleet(clients)
         try:
@@ -540,6 +427,8 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
         "refused_busy": overload["refused_busy"],
         "start_s": start,
         "recovery_s": {name: f["recovery_s"] for name, f in fault_runs.items()},
+        "recovery_over_start_time": {name: f["recovery_s"] / start[name] for name, f in fault_runs.items()
+                                     if f["recovery_s"] is not None and name in start},
         "fuzz": fuzz,
         "overload": overload,
         "faults": fault_runs,
@@ -587,7 +476,7 @@ def failures(report: dict) -> list[str]:
         start = report["start_s"].get(name)
         if recovery is None:
             out.append(f"recovery after killing {name}: none")
-        elif start and recovery > TARGETS["recovery_over_start_time"] * start:
+        elif name == "verifier_node" and recovery > TARGETS["recovery_over_start_time"] * start:
             out.append(f"recovery after killing {name}: {recovery:.1f} s > 2 x its start time {start:.1f} s")
     return out
 

