@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 import time
@@ -33,12 +34,12 @@ def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
 TRIM_PERIOD_S = 10.0
 
 
+@functools.cache
 def _libc():
+    """This process's C library (its own symbols, as the launcher's prctl uses), once; None off Linux."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if sys.platform.startswith("linux") and name is not None else None
+    return ctypes.CDLL(None) if sys.platform.startswith("linux") else None
 
 
 def start_malloc_trimmer(period_s: float = TRIM_PERIOD_S) -> threading.Thread | None:

@@ -33,9 +33,7 @@ import threading
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, run_node, to_message
-
-
-LOGGED_REJECTIONS = 20
+from edge_llm_ros.runtime.throttle import flood_note
 
 
 class VerifierNode(rt.Node):
@@ -120,11 +118,11 @@ class VerifierNode(rt.Node):
                 self.verify(item)
 
     def log_rejection(self, line: str, count: int) -> None:
-        """The first LOGGED_REJECTIONS refusals of a kind, then every 100th: a flood of bad drafts
+        """Log the ``count``-th refusal of a kind as runtime.throttle says: a flood of bad drafts
         is answered one by one but cannot flood the log."""
-        if count <= LOGGED_REJECTIONS or count % 100 == 0:
-            more = f" ({count} so far; logging every 100th)" if count >= LOGGED_REJECTIONS else ""
-            self.get_logger().warning(line + more)
+        note = flood_note(count)
+        if note is not None:
+            self.get_logger().warning(line + note)
 
     def refuse_busy(self, msg, lane: str) -> None:
         from edge_llm_ros.core import VerifyOutcome

@@ -38,6 +38,7 @@ from . import graph
 from .interfaces import InterfaceError, registry
 from .link import Link, NodeLinks, parse_link_params
 from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
+from .throttle import flood_note
 
 ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
 LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
@@ -448,11 +449,11 @@ class Subscription(_Endpoint):
         try:
             msg = registry().deserialize(data, self.ros_type)
         except Exception as exc:  # rosbags raises assorted errors on bad bytes
-            self.malformed += 1  # logged: the first 20, then every 100th (a flood cannot flood the log)
-            if self.malformed <= 20 or self.malformed % 100 == 0:
-                more = f" ({self.malformed} so far; logging every 100th)" if self.malformed >= 20 else ""
+            self.malformed += 1
+            note = flood_note(self.malformed)
+            if note is not None:
                 self.node.get_logger().error(f"dropped a malformed message on {self.topic_name} (type "
-                                             f"{self.ros_type}, {len(data)} bytes): {exc}{more}")
+                                             f"{self.ros_type}, {len(data)} bytes): {exc}{note}")
             return
         self.node.context.post(self._callback, msg)
 

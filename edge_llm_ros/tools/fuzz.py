@@ -175,9 +175,3 @@ class Fuzzer:
             if raw:
                 raw[self.rng.randrange(len(raw))] = self.rng.randrange(256)
         return bytes(raw)
-
-
-def expected_error_names(field: str) -> tuple[str, ...]:
-    """Words a refusal of a draft faulted at ``field`` may start with: the field, or busy."""
-    return (f"{field}:", "busy:")
-
