@@ -1,16 +1,22 @@
-"""The demo pipeline: an instruction on /edge_llm/instruction comes back as a TokenChunk stream on
-/edge_llm/response; the monitor reports stats.
+"""The pipeline: SmolLM2 served to every client on this machine. An instruction on
+/edge_llm/instruction comes back as a TokenChunk stream on /edge_llm/response; the
+/edge_llm/generate action streams the same text; the monitor reports stats.
 
-    edge-llm-ros launch pipeline [chunk_words:=3 ...]        # embedded backend, no ROS 2 needed
-    ros2 launch edge_llm_ros pipeline.launch.py [chunk_words:=3 ...]
+    edge-llm-ros launch pipeline [max_requests:=8 backend:=torch ...]   # embedded backend, no ROS 2 needed
+    ros2 launch edge_llm_ros pipeline.launch.py [max_requests:=8 ...]
 
-Parameters live in config/pipeline.yaml; every one of them is a launch argument.
+planner_node publishes the device plan on /edge_llm/plan (latched; it calibrates this device
+first, in under a minute, if no plan is saved) and answers /edge_llm/plan and /edge_llm/profile;
+serve_node runs what the plan names (on a 2-core CPU: ar on llama.cpp, batching concurrent
+requests) and switches when a new plan arrives. Parameters live in config/pipeline.yaml; every
+one of them is a launch argument.
 """
 
 CONFIG = "pipeline.yaml"
 
 NODES = [
-    {"executable": "echo_node", "name": "echo_node", "namespace": "edge_llm", "required": True},
+    {"executable": "planner_node", "name": "planner_node", "namespace": "edge_llm", "required": True},
+    {"executable": "serve_node", "name": "serve_node", "namespace": "edge_llm", "required": True},
     {"executable": "monitor_node", "name": "monitor", "namespace": "edge_llm", "required": True},
 ]
 

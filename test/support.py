@@ -92,3 +92,9 @@ def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "edge_llm_ros.runtime.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO, input=input)
+
+
+def stamped_now(msg, within_s: float = 120.0) -> bool:
+    """True when ``msg.header.stamp`` is the system time of about now (a node stamped it as it published)."""
+    stamp = msg.header.stamp
+    return abs(stamp.sec + stamp.nanosec * 1e-9 - time.time()) < within_s

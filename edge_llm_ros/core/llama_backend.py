@@ -12,8 +12,9 @@ Why not one llama.cpp sequence per branch (llama.cpp's speculative example): in 
 same position got logits up to 0.5 away from a plain decode of its path (raw ``llama_decode``
 calls, flash attention off), and ``tree`` mode with one multi-sequence batch per tree diverged
 from llama.cpp's own greedy output on 4 of 5 prompts; with one KV
-stream per sequence (``kv_unified = false``) rows of several sequences cannot share a batch and
-``seq_cp`` copies whole streams. A chain decode is exact, and on a CPU a row costs about the same
+stream per sequence (``kv_unified = false``) ``seq_cp`` copies whole streams, so branches would
+copy the whole prefix. (Independent requests, which share nothing, do batch exactly with a stream
+each: :mod:`.batching`.) A chain decode is exact, and on a CPU a row costs about the same
 whether it is decoded in a chain or in one tree batch.
 
 Exactness needs llama.cpp built with ``GGML_LLAMAFILE=OFF`` (``make install`` does): with the
@@ -81,23 +82,9 @@ class LlamaCppLM:
         self.path = _model_path(source)
         if self.path.suffix != ".gguf":
             raise ValueError(f"the llama.cpp backend loads .gguf files, got {self.path}")
-        lc.llama_backend_init()
-        _quiet(lc)
-        params = lc.llama_model_default_params()
-        _LOG_ERRORS.clear()
-        self._model = lc.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
-            raise LlamaCppError(f"llama.cpp could not load {self.path}: {_why_not_loaded(self.path)}")
+        self._model = load_model(lc, self.path)
         threads = n_threads or torch.get_num_threads()
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_ctx
-        cparams.n_ubatch = min(n_ctx, 512)
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        cparams.flash_attn_type = FLASH_ATTN
-        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        self._ctx = new_context(lc, self._model, n_ctx, threads)
         if not self._ctx:
             raise LlamaCppError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
         self._mem = lc.llama_get_memory(self._ctx)
@@ -198,6 +185,38 @@ class LlamaCppLM:
     def _cut(self, position: int) -> None:
         """Forget every cell from ``position`` on."""
         self._lc.llama_memory_seq_rm(self._mem, 0, position, -1)
+
+
+def load_model(lc, path: Path):
+    """llama.cpp's model handle for the GGUF ``path`` (logs quiet); LlamaCppError saying why not."""
+    lc.llama_backend_init()
+    _quiet(lc)
+    _LOG_ERRORS.clear()
+    model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+    if not model:
+        raise LlamaCppError(f"llama.cpp could not load {path}: {_why_not_loaded(path)}")
+    return model
+
+
+def new_context(lc, model, n_ctx: int, threads: int, *, sequences: int = 1, n_batch: int | None = None):
+    """A llama.cpp context on ``model`` for up to ``sequences`` sequences, each with a KV stream of
+    its own (``kv_unified`` off: ``n_ctx / sequences`` cells each), ``n_batch`` rows per decode
+    (default ``n_ctx``), flash attention off (:data:`FLASH_ATTN`); a null handle if llama.cpp refuses.
+
+    Not one unified cache: there a row's logits changed (by up to 0.59, SmolLM2 Q4_1, 0.3.36) when
+    another sequence held different tokens at the same positions, even in separate decodes;
+    with a stream per sequence they equal a solo decode (test/core/test_batching.py)."""
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_batch or n_ctx
+    cparams.n_ubatch = min(cparams.n_batch, 512)
+    cparams.n_seq_max = sequences
+    cparams.kv_unified = False
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.no_perf = True
+    cparams.flash_attn_type = FLASH_ATTN
+    return lc.llama_init_from_model(model, cparams)
 
 
 _LOG_CALLBACK = None  # kept alive: llama.cpp holds the pointer

@@ -85,6 +85,37 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
     return 0
 
 
+def stamp(node, msg):
+    """``msg`` with ``header.stamp`` set to now on ``node``'s clock (rclpy's node clock, or the embedded
+    backend's); every message with a header is published through it."""
+    msg.header.stamp = node.get_clock().now().to_msg()
+    return msg
+
+
+def latched_qos(depth: int = 1):
+    """Transient-local durability (ROS 1's latching): a late subscriber gets the last ``depth``
+    messages. Publisher and subscriber both need it, on either backend."""
+    if rt.BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is installed
+        from rclpy.qos import DurabilityPolicy, QoSProfile
+
+        return QoSProfile(depth=depth, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    return rt.QoSProfile(depth=depth, transient_local=True)
+
+
+def goal_overrides(goal, max_new_tokens: int) -> dict:
+    """GenerationConfig fields from a Generate goal: its sampling settings, seed, stop strings and
+    token limit (0: ``max_new_tokens``); ValueError naming a field out of range (the rest are checked
+    by GenerationConfig). ``top_p`` 0 is the message's default and means off, as 1 does."""
+    top_p, seed = float(goal.top_p), int(goal.seed)
+    if not 0.0 <= top_p <= 1.0:  # NaN fails too
+        raise ValueError(f"top_p must be in [0, 1] (0 or 1 = off), got {top_p}")
+    if seed < -1:
+        raise ValueError(f"seed must be >= 0, or -1 for a random seed, got {seed}")
+    return dict(max_new_tokens=int(goal.max_new_tokens) or max_new_tokens, temperature=float(goal.temperature),
+                top_k=int(goal.top_k), top_p=top_p if top_p > 0 else 1.0, seed=None if seed == -1 else seed,
+                stop_strings=tuple(goal.stop))
+
+
 # -- core records <-> messages with the same field names ---------------------------------------------
 
 

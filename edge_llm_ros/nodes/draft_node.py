@@ -50,7 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, run_node, to_message
+from edge_llm_ros.nodes.common import from_message, goal_overrides, run_node, stamp, to_message
 
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
@@ -189,8 +189,9 @@ class DraftNode(rt.Node):
 
     def on_instruction(self, msg) -> None:
         if not self.slots.acquire(blocking=False):
-            self.response_pub.publish(self.TokenChunk(request_id=uuid.uuid4().hex[:12], done=True, finish_reason="error",
-                                                      error=f"busy: max_requests={self.max_requests} running"))
+            self.response_pub.publish(stamp(self, self.TokenChunk(
+                request_id=uuid.uuid4().hex[:12], done=True, finish_reason="error",
+                error=f"busy: max_requests={self.max_requests} running")))
             return
         threading.Thread(target=self.answer, args=(msg.data,), daemon=True, name="instruction").start()
 
@@ -209,15 +210,7 @@ class DraftNode(rt.Node):
             return mode, base
         if len(goal.images) or len(goal.choices):
             raise ValueError("images and choices are not supported by draft_node (text only)")
-        top_p, seed = float(goal.top_p), int(goal.seed)
-        if not 0.0 <= top_p <= 1.0:  # NaN fails too; 0 (the message default) and 1 mean off
-            raise ValueError(f"top_p must be in [0, 1] (0 or 1 = off), got {top_p}")
-        if seed < -1:
-            raise ValueError(f"seed must be >= 0, or -1 for a random seed, got {seed}")
-        return mode, base.with_overrides(
-            max_new_tokens=int(goal.max_new_tokens) or self.max_new_tokens,
-            temperature=float(goal.temperature), top_k=int(goal.top_k), top_p=top_p if top_p > 0 else 1.0,
-            seed=None if seed == -1 else seed, stop_strings=tuple(goal.stop))
+        return mode, base.with_overrides(**goal_overrides(goal, self.max_new_tokens))
 
     def prompt_ids(self, text: str) -> list[int]:
         from edge_llm_ros.core import chat_prompt, encode
@@ -226,7 +219,7 @@ class DraftNode(rt.Node):
 
     def send_draft(self, draft) -> None:
         """Publish a DraftRequest on `draft` (also called by the drafter for drafts sent ahead)."""
-        self.draft_pub.publish(to_message(self.DraftTree, draft))
+        self.draft_pub.publish(stamp(self, to_message(self.DraftTree, draft)))
 
     def stream(self, prompt: str, mode: str, config, finished: Finished):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
@@ -265,7 +258,7 @@ class DraftNode(rt.Node):
             self.inboxes.pop(rid, None)
             finished.stats = self.drafter.end(rid)
             finished.wall_s = time.monotonic() - started
-            self.prune_pub.publish(self.PruneInfo(request_id=rid, release=True))
+            self.prune_pub.publish(stamp(self, self.PruneInfo(request_id=rid, release=True)))
             self.end_request(rid, mode, config, finished)
 
     def await_final(self, inbox: queue.Queue, tokens: int):
@@ -330,14 +323,14 @@ class DraftNode(rt.Node):
             mode, config = self.config_for()
             for round_, step in enumerate(self.stream(instruction, mode, config, finished)):
                 done = bool(finished.reason)
-                self.response_pub.publish(self.TokenChunk(request_id=rid, round=round_, token_ids=step.tokens,
-                                                          text=step.text, probs=step.probs, done=done,
-                                                          finish_reason=finished.reason))
+                self.response_pub.publish(stamp(self, self.TokenChunk(
+                    request_id=rid, round=round_, token_ids=step.tokens, text=step.text, probs=step.probs, done=done,
+                    finish_reason=finished.reason)))
         except Exception as exc:  # every instruction gets its final chunk; the node goes on
             expected = isinstance(exc, request_errors())
             self.get_logger().error(f"instruction: {exc if expected else repr(exc)}")
-            self.response_pub.publish(self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
-                                                      finish_reason="error", error=str(exc) or repr(exc)))
+            self.response_pub.publish(stamp(self, self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
+                                                                  finish_reason="error", error=str(exc) or repr(exc))))
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -349,7 +342,7 @@ class DraftNode(rt.Node):
         hits, misses = sum(f.stats.hits for f in done), sum(f.stats.misses for f in done)
         layers = [layer for f in done for layer in f.stats.hit_layers]
         drafted = self.gamma * len(rounds) if mode in ("sd", "fsd", "ee") else 0
-        return self.Stats(
+        return stamp(self, self.Stats(
             node_name=self.get_name(), request_id=request_id, mode=mode, tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
             ttft_s=sum(f.ttft_s for f in done) / len(done) if done else 0.0,
@@ -357,7 +350,7 @@ class DraftNode(rt.Node):
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
             draft_time_s=sum(f.stats.critical_draft_s for f in done), verify_time_s=sum(f.stats.verify_s for f in done),
             cache_miss_rate=misses / (hits + misses) if hits + misses else 0.0,
-            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.inboxes))
+            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.inboxes)))
 
     def end_request(self, request_id: str, mode: str, config, finished: Finished) -> None:
         """Publish the request's stats; log what it ignored (stale, duplicate, invalid outcomes)."""

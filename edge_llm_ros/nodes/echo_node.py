@@ -13,7 +13,7 @@ import time
 import uuid
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import run_node
+from edge_llm_ros.nodes.common import run_node, stamp
 
 
 def chunks(text: str, size: int) -> list[str]:
@@ -48,9 +48,9 @@ class EchoNode(rt.Node):
         pieces = chunks(msg.data, self.chunk_words)
         for round_, piece in enumerate(pieces):
             done = round_ == len(pieces) - 1
-            self.response_pub.publish(self.TokenChunk(
+            self.response_pub.publish(stamp(self, self.TokenChunk(
                 request_id=request_id, round=round_, text=piece, done=done, finish_reason="eos" if done else "",
-            ))
+            )))
         self.requests += 1
         self.words += len(msg.data.split())
         self.get_logger().info(f"request {request_id}: echoed {len(pieces)} chunks")
@@ -68,13 +68,13 @@ class EchoNode(rt.Node):
             text += piece
         goal_handle.succeed()
         elapsed = time.monotonic() - started
-        stats = self.Stats(node_name=self.get_name(), mode="echo", tokens=min(limit, len(pieces)),
-                           tokens_per_s=min(limit, len(pieces)) / max(elapsed, 1e-9))
+        stats = stamp(self, self.Stats(node_name=self.get_name(), mode="echo", tokens=min(limit, len(pieces)),
+                                       tokens_per_s=min(limit, len(pieces)) / max(elapsed, 1e-9)))
         return self.Generate.Result(text=text, finish_reason="length" if limit < len(pieces) else "eos", stats=stats)
 
     def publish_stats(self) -> None:
-        self.stats_pub.publish(self.Stats(node_name=self.get_name(), mode="echo", tokens=self.words,
-                                          active_requests=0))
+        self.stats_pub.publish(stamp(self, self.Stats(node_name=self.get_name(), mode="echo", tokens=self.words,
+                                                      active_requests=0)))
 
 
 def main(args: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import run_node
+from edge_llm_ros.nodes.common import run_node, stamp
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 
@@ -43,7 +43,7 @@ class MonitorNode(rt.Node):
 
     def publish(self) -> None:
         statuses = [self.status_of(name, seen, msg) for name, (seen, msg) in sorted(self.latest.items())]
-        self.diag_pub.publish(self.Array(status=statuses))
+        self.diag_pub.publish(stamp(self, self.Array(status=statuses)))
 
 
 def main(args: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ import math
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, run_node, to_message
+from edge_llm_ros.nodes.common import from_message, run_node, stamp, to_message
 from edge_llm_ros.runtime.throttle import flood_note
 
 
@@ -175,7 +175,7 @@ class VerifierNode(rt.Node):
             outcome = self.outbox.get()
             if outcome is None:
                 return
-            self.verify_pub.publish(to_message(self.VerifyResult, outcome))
+            self.verify_pub.publish(stamp(self, to_message(self.VerifyResult, outcome)))
 
     def destroy_node(self) -> None:
         self.stopping.set()

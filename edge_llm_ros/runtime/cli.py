@@ -29,7 +29,10 @@ import time
 from typing import Any, Callable
 
 import yaml
+from rosbags.typesys.base import Nodetype
 
+from .echo_format import (TRUNCATE_LENGTH, Shown, message_to_csv, message_to_plain, message_to_yaml,
+                          rclpy_value)
 from .interfaces import InterfaceError, registry
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -58,9 +61,12 @@ def parse_values(text: str, where: str) -> dict:
     return values
 
 
-def format_message(msg: Any) -> str:
-    return yaml.safe_dump(registry().to_dict(msg), sort_keys=False, allow_unicode=True, width=120).rstrip() + "\n---"
-
+# ------------------------------------------------------- messages as text
+# `ros2 topic echo` prints a message with rosidl_runtime_py: message_to_yaml, or message_to_csv with
+# --csv; `ros2 action send_goal` prints goals and results with message_to_yaml too. The functions below
+# give the same text for our messages. They start from the values rclpy holds: fields in declaration
+# order, a byte as a 1-byte `bytes` (YAML shows its character), numeric sequences as array.array of
+# Python numbers, fixed-size numeric arrays as numpy arrays, float32 widened to a double.
 
 class Session:
     """A short-lived CLI node plus a thread that runs its callbacks."""
@@ -126,23 +132,86 @@ def cmd_topic_info(args: argparse.Namespace, s: Session) -> int:
 
 
 def cmd_topic_echo(args: argparse.Namespace, s: Session) -> int:
+    """`ros2 topic echo`: each message (or the field --field selects) as ros2 prints it, a `---` line after each."""
     ros_type = s.resolve_topic_type(args.topic, args.type, args.wait)
+    steps = field_steps(ros_type, args.field)
+    if args.raw and steps:
+        raise CliError("--field selects from a message; --raw prints the bytes as they came")
+    keep = compile_filter(args.filter_expr)
+    shown = Shown(None if args.full_length else args.truncate_length, args.no_arr, args.no_str)
     stop = threading.Event()
     count = [0]
+    failed: list[Exception] = []  # --filter's expression raised
 
-    def on_msg(msg: Any) -> None:
+    def show(value: Any, text: Callable[[Any], str]) -> None:
         if stop.is_set():
             return
-        print(format_message(msg), flush=True)
+        try:
+            if keep is not None and not keep(value):
+                return
+        except Exception as exc:  # the user's expression: report it and end, as ros2 does
+            failed.append(exc)
+            stop.set()
+            return
+        print(text(value), end="", flush=True)
         count[0] += 1
         if args.once or (args.count and count[0] >= args.count):
             stop.set()
 
-    s.node.create_subscription(ros_type, args.topic, on_msg, 100)
+    def on_msg(msg: Any) -> None:
+        desc = (Nodetype.NAME, ros_type)
+        for name, desc in steps:
+            msg = getattr(msg, name)
+        if desc[0] != Nodetype.NAME:  # a field that is no message: printed as Python prints rclpy's value
+            show(rclpy_value(desc, msg), "{}\n---\n".format)
+        elif args.csv:
+            show(msg, lambda value: message_to_csv(value, shown) + "\n")
+        else:
+            show(msg, lambda value: message_to_yaml(value, shown, args.flow_style) + "---\n")
+
+    def on_raw(_topic: str, _type: str, data: bytes, _received_ns: int) -> None:  # on Zenoh's thread
+        show(data, "{}\n---\n".format)
+
+    if args.raw:
+        s.node.create_subscription(ros_type, args.topic, on_raw, 100, raw=True)
+    else:
+        s.node.create_subscription(ros_type, args.topic, on_msg, 100)
     wait_forever_or(stop, args.timeout)
+    if failed:
+        raise CliError(f"--filter {args.filter_expr!r} failed: {failed[0]!r}")
     if (args.once or args.count) and not stop.is_set():
         raise CliError(f"no message on {s.node.resolve(args.topic)} within {args.timeout:g} s", EXIT_FAIL)
     return EXIT_OK
+
+
+def field_steps(ros_type: str, path: str | None) -> list[tuple[str, tuple]]:
+    """--field 'a.b' as (name, type) of each step from the message down; CliError if one is no field."""
+    if path is None:
+        return []
+    names = [name for name in path.split(".") if name]
+    if not names:
+        raise CliError(f"Invalid field value '{path}'")
+    steps, desc = [], (Nodetype.NAME, ros_type)
+    for name in names:
+        if desc[0] != Nodetype.NAME:
+            raise CliError(f"Invalid field '{path}': '{steps[-1][0]}' is no message, it has no field '{name}'")
+        fields = dict(registry().store.fielddefs[desc[1]][1])
+        if name not in fields:
+            raise CliError(f"Invalid field '{path}': {desc[1]} has no field '{name}'")
+        desc = fields[name]
+        steps.append((name, desc))
+    return steps
+
+
+def compile_filter(expression: str | None) -> Callable[[Any], bool] | None:
+    """--filter: a Python expression of `m` (the message, or the selected field), as ros2 evaluates it."""
+    if expression is None:
+        return None
+    try:
+        code = compile(expression, "--filter", "eval")
+    except SyntaxError as exc:
+        raise CliError(f"--filter: {exc.msg}: {expression!r}") from exc
+    return lambda m: bool(eval(code, {}, {"m": m}))  # noqa: S307 - the user's own expression, as ros2 runs it
 
 
 def cmd_topic_pub(args: argparse.Namespace, s: Session) -> int:
@@ -152,7 +221,7 @@ def cmd_topic_pub(args: argparse.Namespace, s: Session) -> int:
     times = 1 if args.once else args.times
     if args.wait_matching > 0 and not pub.wait_for_subscribers(args.wait_matching):
         print(f"warning: no subscriber on {pub.topic_name} after {args.wait_matching:g} s; publishing anyway", file=sys.stderr)
-    print(f"publisher: beginning loop\npublishing #1: {registry().to_dict(msg)}", flush=True)
+    print(f"publisher: beginning loop\npublishing #1: {message_to_plain(msg)}", flush=True)
     sent = 0
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -213,12 +282,12 @@ def cmd_service_call(args: argparse.Namespace, s: Session) -> int:
     client = s.node.create_client(srv.name, args.service)
     if not client.wait_for_service(args.timeout):
         raise CliError(f"service {client.srv_name} is not available (waited {args.timeout:g} s)", EXIT_FAIL)
-    print(f"requester: making request: {registry().to_dict(request)}\n", flush=True)
+    print(f"requester: making request: {message_to_plain(request)}\n", flush=True)
     try:
         response = client.call(request, timeout_sec=args.timeout)
     except TimeoutError as exc:
         raise CliError(str(exc), EXIT_FAIL) from exc
-    print("response:\n" + format_message(response), flush=True)
+    print("response:\n" + message_to_yaml(response), flush=True)
     return EXIT_OK
 
 
@@ -242,7 +311,7 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
     print("Waiting for an action server to become available...", flush=True)
     if not client.wait_for_server(args.timeout):
         raise CliError(f"action server {client.name} is not available (waited {args.timeout:g} s)", EXIT_FAIL)
-    print(f"Sending goal:\n{yaml.safe_dump(registry().to_dict(goal), sort_keys=False).rstrip()}\n", flush=True)
+    print(f"Sending goal:\n     {message_to_yaml(goal)}", flush=True)  # ros2's indent, on the first line only
     streaming = [False]
     failed = threading.Event()  # no more streamed text once the error line is due
 
@@ -255,7 +324,7 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
             sys.stdout.flush()
             streaming[0] = True
         elif args.feedback:
-            print("Feedback:\n" + format_message(fb), flush=True)
+            print(f"Feedback:\n    {message_to_yaml(fb)}", flush=True)
 
     try:
         handle = client.send_goal_async(goal, on_feedback).result(args.timeout + 5)
@@ -278,7 +347,7 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
         raise CliError(str(exc), EXIT_FAIL) from exc
     if streaming[0]:
         print("\n")
-    print("Result:\n" + format_message(response.result), flush=True)
+    print(f"Result:\n    {message_to_yaml(response.result)}", flush=True)
     print(f"Goal finished with status: {STATUS_NAMES.get(response.status, response.status)}", flush=True)
     return EXIT_OK if response.status == STATUS_SUCCEEDED else EXIT_FAIL
 
@@ -385,6 +454,13 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
 
 
 # ------------------------------------------------------------------ parser
+def unsigned_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not an unsigned integer")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)",
@@ -404,6 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
     t = topic.add_parser("echo")
     t.add_argument("topic")
     t.add_argument("type", nargs="?")
+    t.add_argument("--csv", action="store_true", help="one line of comma-separated values per message")
+    t.add_argument("--field", help="echo one field of the message ('.' selects sub-fields, e.g. header.stamp)")
+    t.add_argument("-f", "--full-length", action="store_true", help="show arrays and strings whole")
+    t.add_argument("-l", "--truncate-length", type=unsigned_int, default=TRUNCATE_LENGTH,
+                   help=f"cut arrays and strings after this many elements (default: {TRUNCATE_LENGTH})")
+    t.add_argument("--no-arr", action="store_true", help="show arrays by their type and length only")
+    t.add_argument("--no-str", action="store_true", help="show strings by their length only")
+    t.add_argument("--flow-style", action="store_true", help="print collections in YAML's flow style")
+    t.add_argument("--raw", action="store_true", help="print each message's CDR bytes")
+    t.add_argument("--filter", dest="filter_expr", help="print only messages for which this Python expression "
+                   "of m (the message) is true")
     t.add_argument("--once", action="store_true", help="exit after the first message")
     t.add_argument("--count", type=int, default=0, help="exit after this many messages")
     t.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")

@@ -12,6 +12,11 @@ nodes depend on them:
   dropped; the node keeps serving;
 - a client call to a server that is gone fails with ServiceTimeoutError after
   its timeout, never hangs;
+- transient-local durability (``QoSProfile(transient_local=True)``) latches as
+  in ROS 2, the rmw_zenoh way: such a publisher is a zenoh-ext AdvancedPublisher
+  caching its last ``depth`` messages, such a subscription an AdvancedSubscriber
+  that asks every publisher's cache for them when it starts and when a
+  publisher appears later (so a late subscriber gets the last message);
 - a node whose `link_emulation` parameters put a topic on an emulated link
   (link.py) publishes on that topic through the link: every publisher of the
   node on that topic, action feedback/status topics included. Service
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import zenoh
+import zenoh.ext
 
 from . import graph
 from .interfaces import InterfaceError, registry
@@ -165,6 +171,8 @@ def _session_config(endpoint: str) -> zenoh.Config:
     conf.insert_json5("connect/endpoints", json.dumps([endpoint]))
     conf.insert_json5("scouting/multicast/enabled", "false")
     conf.insert_json5("listen/endpoints", json.dumps(["tcp/127.0.0.1:0"]))
+    # as rmw_zenoh's session config: the publisher caches of transient-local topics need timestamps
+    conf.insert_json5("timestamping/enabled", json.dumps({"router": True, "peer": True, "client": True}))
     return conf
 
 
@@ -275,6 +283,26 @@ class Logger:
         self._log("FATAL", 50, message)
 
 
+# --------------------------------------------------------------------- time
+@dataclass(frozen=True)
+class Time:
+    """A point in time as rclpy.time.Time holds it: nanoseconds since the Unix epoch."""
+
+    nanoseconds: int = 0
+
+    def to_msg(self) -> Any:
+        """builtin_interfaces/msg/Time, as a header's stamp takes it."""
+        sec, nanosec = divmod(self.nanoseconds, 1_000_000_000)
+        return registry().new("builtin_interfaces/msg/Time", sec=sec, nanosec=nanosec)
+
+
+class Clock:
+    """rclpy's node clock, on system time (ROS time from /clock, `use_sim_time`, is not emulated)."""
+
+    def now(self) -> Time:
+        return Time(nanoseconds=time.time_ns())
+
+
 # ---------------------------------------------------------------- parameters
 @dataclass
 class Parameter:
@@ -377,7 +405,12 @@ class Publisher(_Endpoint):
     def __init__(self, node: Node, ros_type: str, topic: str, qos: QoSProfile, link: Link | None = None) -> None:
         super().__init__(node, graph.EntityKind.PUBLISHER, topic, ros_type, qos)
         congestion = zenoh.CongestionControl.BLOCK if qos.reliable else zenoh.CongestionControl.DROP
-        self._pub = node.context.session.declare_publisher(self.key, congestion_control=congestion)
+        if qos.transient_local:  # the last `depth` messages stay in a cache late subscribers query
+            self._pub = zenoh.ext.declare_advanced_publisher(
+                node.context.session, self.key, congestion_control=congestion,
+                cache=zenoh.ext.CacheConfig(max_samples=qos.depth), publisher_detection=True)
+        else:
+            self._pub = node.context.session.declare_publisher(self.key, congestion_control=congestion)
         self.topic_name = topic
         self.link = link
         self._announce()
@@ -385,7 +418,8 @@ class Publisher(_Endpoint):
     def wait_for_subscribers(self, timeout_sec: float) -> bool:
         """True once Zenoh routes this publisher to at least one subscriber."""
         deadline = time.monotonic() + timeout_sec
-        while not self._pub.matching_status.matching:
+        advanced = not hasattr(self._pub, "matching_status")  # an AdvancedPublisher has none: ask the graph
+        while not (self.get_subscription_count() if advanced else self._pub.matching_status.matching):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
@@ -427,7 +461,12 @@ class Subscription(_Endpoint):
         self._raw = raw
         self.malformed = 0
         any_type = f"{node.context.domain_id}/{topic.lstrip('/')}/*/*"
-        self._sub = node.context.session.declare_subscriber(any_type, self._on_sample)
+        if qos.transient_local:  # first the publishers' cached messages, then live ones
+            self._sub = zenoh.ext.declare_advanced_subscriber(
+                node.context.session, any_type, self._on_sample, subscriber_detection=True,
+                history=zenoh.ext.HistoryConfig(detect_late_publishers=True, max_samples=qos.depth))
+        else:
+            self._sub = node.context.session.declare_subscriber(any_type, self._on_sample)
         self._announce()
 
     def _on_sample(self, sample: zenoh.Sample) -> None:
@@ -606,6 +645,7 @@ class Node:
         )
         self._token = self.context.session.liveliness().declare_token(graph.node_liveliness_keyexpr(self.entity))
         self._entities: list[Any] = []
+        self._clock = Clock()
 
     # identity
     def get_name(self) -> str:
@@ -619,6 +659,9 @@ class Node:
 
     def get_logger(self) -> Logger:
         return self._logger
+
+    def get_clock(self) -> Clock:
+        return self._clock
 
     def resolve(self, name: str) -> str:
         return resolve_name(name, self._namespace, self._name, self.context.ros_args.remaps)
@@ -744,7 +787,7 @@ def _names_and_types(entries: Any) -> list[tuple[str, list[str]]]:
 
 
 __all__ = [
-    "ActionClass", "Client", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError", "ParamsError",
-    "Publisher", "QoSProfile", "Service", "ServiceClass", "ServiceTimeoutError", "Subscription", "Timer",
-    "get_context", "shaped", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
+    "ActionClass", "Client", "Clock", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError",
+    "ParamsError", "Publisher", "QoSProfile", "Service", "ServiceClass", "ServiceTimeoutError", "Subscription", "Time",
+    "Timer", "get_context", "shaped", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
 ]

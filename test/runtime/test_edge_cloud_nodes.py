@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 
-from support import REPO, Proc, cli, wait_until
+from support import REPO, Proc, cli, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
@@ -321,6 +321,7 @@ def test_malformed_draft_gets_an_error_naming_the_field(nodes):
         assert got.wait(30), "no VerifyResult for a malformed draft"
         answer = results[0]
         assert answer.final and answer.error.startswith("parents: has 1 entries for 2 token_ids"), answer.error
+        assert stamped_now(answer), answer.header
     finally:
         sub.destroy()
         pub.destroy()
@@ -348,6 +349,7 @@ def test_instruction_streams_token_chunks_on_response(nodes, reference):
         assert [c.round for c in chunks] == list(range(len(chunks)))
         assert [t for c in chunks for t in c.token_ids] == tokens and "".join(c.text for c in chunks) == text
         assert chunks[-1].finish_reason == "length" and not chunks[-1].error
+        assert all(stamped_now(c) for c in chunks), [c.header for c in chunks]
     finally:
         sub.destroy()
         pub.destroy()
@@ -485,6 +487,7 @@ def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
             assert msg.tokens == len(ref.tokens) and msg.tau >= 1.0 and msg.tokens_per_s > 0
             assert 0.0 < msg.acceptance_rate <= 1.0 and msg.verify_time_s > 0
         assert mine.tau == pytest.approx(response.result.stats.tau) and aggregate.tau == pytest.approx(mine.tau)
+        assert stamped_now(mine) and stamped_now(aggregate) and stamped_now(response.result.stats)
         print(f"\nstats of {ids[0]}: {mine.tokens} tokens, tau {mine.tau:.2f}, {mine.tokens_per_s:.1f} tokens/s; "
               f"aggregate: {aggregate.tokens} tokens, tau {aggregate.tau:.2f}")
     finally:

@@ -593,16 +593,17 @@ def test_params_yaml_alone_runs_one_node_per_entry(tmp_path):
         "--params-file", str(solo.resolve()), "-p", "verbose:=true"]
 
 
-def test_the_shipped_pipeline_argument_reaches_the_echo_node():
+def test_the_shipped_pipeline_argument_reaches_the_serve_node():
     plan = load_plan("pipeline")
     assert plan.params_file == ROOT / "config" / "pipeline.yaml"
-    apply_launch_args(plan, ["chunk_words:=3"])
-    echo, monitor = plan.nodes
-    assert (echo.fqn, monitor.fqn) == ("/edge_llm/echo_node", "/edge_llm/monitor")
-    assert echo.parameters == {"chunk_words": "3"} and monitor.parameters == {}
-    assert echo.command(plan.params_file)[3:] == [
-        "--ros-args", "-r", "__node:=echo_node", "-r", "__ns:=/edge_llm", "--params-file",
-        str(ROOT / "config" / "pipeline.yaml"), "-p", "chunk_words:=3"]
+    apply_launch_args(plan, ["max_requests:=3", "threads:=1"])
+    planner, serve, monitor = plan.nodes
+    assert (planner.fqn, serve.fqn, monitor.fqn) == ("/edge_llm/planner_node", "/edge_llm/serve_node", "/edge_llm/monitor")
+    assert serve.parameters == {"max_requests": "3", "threads": "1"} and planner.parameters == {"threads": "1"}
+    assert monitor.parameters == {}
+    assert serve.command(plan.params_file)[3:] == [
+        "--ros-args", "-r", "__node:=serve_node", "-r", "__ns:=/edge_llm", "--params-file",
+        str(ROOT / "config" / "pipeline.yaml"), "-p", "max_requests:=3", "-p", "threads:=1"]
 
 
 def test_show_args_lists_every_overridable_parameter(tmp_path, capsys):
@@ -713,17 +714,19 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
     description = runpy.run_path(str(ROOT / "launch" / "pipeline.launch.py"))["generate_launch_description"]()
     actions = description.args[0]
     declared = {a.args[0]: a.kwargs["default_value"] for a in actions if type(a).__name__ == "DeclareLaunchArgument"}
-    assert declared == {"chunk_words": "1", "stats_period_s": "1.0"}
+    assert {"max_requests": "16", "model": "''", "plan_file": "''", "threads": "0", "calibrate": "auto",
+            "stats_period_s": "1.0", "context": "2048"}.items() <= declared.items()
     nodes = [a.kwargs for a in actions if type(a).__name__ == "Node"]
     assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
-        ("edge_llm_ros", "echo_node", "echo_node", "edge_llm", "screen"),
+        ("edge_llm_ros", "planner_node", "planner_node", "edge_llm", "screen"),
+        ("edge_llm_ros", "serve_node", "serve_node", "edge_llm", "screen"),
         ("edge_llm_ros", "monitor_node", "monitor", "edge_llm", "screen")]
-    echo_file, echo_overrides = nodes[0]["parameters"]
-    assert echo_file == str(installed)
-    assert {k: (v.args[0], v.kwargs["default"]) for k, v in echo_overrides.items()} == {
-        "chunk_words": ("chunk_words", "1"), "stats_period_s": ("stats_period_s", "1.0")}
-    assert list(nodes[1]["parameters"][1]) == ["stats_period_s"]
-    assert all(type(n["on_exit"]).__name__ == "Shutdown" for n in nodes)  # both required
+    serve_file, serve_overrides = nodes[1]["parameters"]
+    assert serve_file == str(installed)
+    assert {k: (v.args[0], v.kwargs["default"]) for k, v in serve_overrides.items()}["max_requests"] == (
+        "max_requests", "16")
+    assert list(nodes[2]["parameters"][1]) == ["stats_period_s"]
+    assert all(type(n["on_exit"]).__name__ == "Shutdown" for n in nodes)  # all required
 
 
 def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):

