@@ -28,23 +28,25 @@ from .runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
 
 PLANNED = re.compile(r"\[planner_node-\d+\].*(published the device plan|no plan published)")
 SERVING = re.compile(r"\[serve_node-\d+\].*serving ")  # up, on its own choice
+NODE_LOGS = re.compile(r"^\[launcher\]|^\[(planner_node|serve_node)-\d+\] \[(INFO|WARN|ERROR)\]")
+ALL = re.compile("")
 REPLANNED = re.compile(r"\[serve_node-\d+\].*(plan: |plan refused)")  # it took (or refused) the planner's plan
 
 
 class _Launch:
     """`edge-llm-ros launch pipeline` as a child process; its lines shown with a prefix and kept."""
 
-    def __init__(self, env: dict, quiet: bool) -> None:
+    def __init__(self, env: dict, shown: re.Pattern | None) -> None:
         argv = [sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", "pipeline"]
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self.cond = threading.Condition()
-        self.quiet = quiet
+        self.shown = shown  # lines shown as they come (None: none)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
         for line in self.popen.stdout:
-            if not self.quiet:
+            if self.shown is not None and self.shown.search(line):
                 print(f"  launch | {line.rstrip()}", flush=True)
             with self.cond:
                 self.lines.append(line)
@@ -81,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("instruction", nargs="?", default="In two sentences: how does a robot find its way "
                                                           "to a red chair in a house it has never seen?")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for each stage (default 180)")
-    parser.add_argument("--quiet", action="store_true", help="do not show the launch's own lines")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="show none of the launch's lines")
+    shown.add_argument("--verbose", action="store_true", help="show every line of the launch (default: the "
+                                                               "launcher's and the planner's and server's logs)")
     args = parser.parse_args(argv)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         env[ENDPOINT_ENV] = free_endpoint()  # keep clear of a router someone else runs
     os.environ.update({k: v for k, v in env.items() if k == ENDPOINT_ENV})
     print("[demo] 1/3 launching the pipeline: edge-llm-ros launch pipeline", flush=True)
-    launch = _Launch(env, args.quiet)
+    launch = _Launch(env, None if args.quiet else ALL if args.verbose else NODE_LOGS)
     try:
         print("[demo]     waiting for the device plan (a first run calibrates this machine: under a minute)",
               flush=True)
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, launch: _Launch) -> int:
-    if launch.quiet:
+    if launch.shown is not ALL:
         print("".join(launch.lines[-30:]), file=sys.stderr, end="")
     print(f"[demo] {message}", file=sys.stderr, flush=True)
     return 1
@@ -137,10 +142,11 @@ def _ask(args: argparse.Namespace, launch: _Launch, ready_line: int) -> int:
             if time.monotonic() > deadline or launch.popen.poll() is not None:
                 return _fail("serve_node's topics did not appear in the graph", launch)
             time.sleep(0.05)
-        print(f"[demo]     {launch.lines[ready_line].split(']: ', 1)[-1].strip()}", flush=True)
-        print(f"[demo] 2/3 listening on /edge_llm/response (as: edge-llm-ros topic echo /edge_llm/response)", flush=True)
+        if launch.shown is None:  # --quiet: say at least what serves
+            print(f"[demo]     {launch.lines[ready_line].split(']: ', 1)[-1].strip()}", flush=True)
+        print("[demo] 2/3 listening on /edge_llm/response (as: edge-llm-ros topic echo /edge_llm/response)", flush=True)
         print(f"[demo] 3/3 sending on /edge_llm/instruction: {args.instruction!r}", flush=True)
-        launch.quiet = True  # the answer, not the nodes' logs, from here on
+        launch.shown = None  # the answer, not the nodes' logs, from here on
         pub.publish(String(data=args.instruction))
         request, last = None, None
         print()

@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,9 +61,13 @@ class Stream:
 
     Iterate it for lists of new token ids (``ar``: one per step); ``stats`` is filled in live
     (``finish_reason`` set at the end: eos | length | stop | cancelled | error, ``error`` saying why).
+    Or give ``listener(stream, tokens)``: called on the server's step thread with each list of new
+    tokens and once with None at the end, between two decodes (so a node's per-token work never
+    competes with the decode for the cores). A listener that raises ends its request (error).
     """
 
-    def __init__(self, request_id: str, prompt: list[int], config: GenerationConfig) -> None:
+    def __init__(self, request_id: str, prompt: list[int], config: GenerationConfig,
+                 listener: Callable[[Stream, list[int] | None], None] | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.config = config
@@ -72,6 +76,7 @@ class Stream:
         self.error = ""
         self.submitted = time.perf_counter()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._listener = listener
         self._cancelled = threading.Event()
         self._done = threading.Event()
 
@@ -110,14 +115,28 @@ class Stream:
         self.stats.ttft_s = self.stats.ttft_s or now - self.submitted
         self.stats.total_time_s = now - self.submitted
         self._queue.put(list(tokens))
+        self._tell(list(tokens))
+
+    def _tell(self, tokens: list[int] | None) -> None:
+        if self._listener is None:
+            return
+        try:
+            self._listener(self, tokens)
+        except Exception as exc:  # the request ends; the server goes on
+            self._listener = None
+            self.error = f"listener failed: {exc!r}"
+            self.cancel()
 
     def _finish(self, reason: str, error: str = "") -> None:
         if self._done.is_set():
             return
+        if self.error.startswith("listener failed"):
+            reason, error = "error", self.error
         self.stats.finish_reason, self.error = reason, error
         self.stats.total_time_s = time.perf_counter() - self.submitted
         self._done.set()
         self._queue.put(_END)
+        self._tell(None)
 
 
 class Server:
@@ -158,11 +177,12 @@ class Server:
                              "no room to generate")
         return prompt
 
-    def submit(self, prompt_ids: Sequence[int], config: GenerationConfig, request_id: str | None = None) -> Stream:
-        """Queue a request; its Stream at once. ValueError for a bad request, BusyError when full,
-        ServerClosedError after close()."""
+    def submit(self, prompt_ids: Sequence[int], config: GenerationConfig, request_id: str | None = None,
+               listener: Callable[[Stream, list[int] | None], None] | None = None) -> Stream:
+        """Queue a request; its Stream at once (``listener``: see :class:`Stream`). ValueError for a
+        bad request, BusyError when full, ServerClosedError after close()."""
         prompt = self.check(prompt_ids, config)
-        stream = Stream(request_id or f"r{next(self._ids)}", prompt, config)
+        stream = Stream(request_id or f"r{next(self._ids)}", prompt, config, listener)
         with self._lock:
             if self._closed or self._retiring:
                 raise ServerClosedError("the server is shut down")
@@ -315,16 +335,9 @@ class LlamaBatch:
         self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
     def close(self) -> None:
-        lc = self._lc
-        if getattr(self, "_batch", None) is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_ctx", None):
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            lc.llama_model_free(self._model)
-            self._model = None
+        from .llama_backend import free_handles
+
+        free_handles(self)
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:

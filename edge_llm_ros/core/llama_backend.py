@@ -101,16 +101,7 @@ class LlamaCppLM:
         return f"LlamaCppLM({self.path.name}, vocab {self.vocab_size}, n_ctx {self.max_context}, {self.n_threads} threads)"
 
     def close(self) -> None:
-        lc = self._lc
-        if getattr(self, "_batch", None) is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_ctx", None):
-            lc.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            lc.llama_model_free(self._model)
-            self._model = None
+        free_handles(self)
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:
@@ -217,6 +208,20 @@ def new_context(lc, model, n_ctx: int, threads: int, *, sequences: int = 1, n_ba
     cparams.no_perf = True
     cparams.flash_attn_type = FLASH_ATTN
     return lc.llama_init_from_model(model, cparams)
+
+
+def free_handles(owner) -> None:
+    """Free ``owner``'s llama.cpp batch, context and model (``_batch``, ``_ctx``, ``_model``), once."""
+    lc = owner._lc
+    if getattr(owner, "_batch", None) is not None:
+        lc.llama_batch_free(owner._batch)
+        owner._batch = None
+    if getattr(owner, "_ctx", None):
+        lc.llama_free(owner._ctx)
+        owner._ctx = None
+    if getattr(owner, "_model", None):
+        lc.llama_model_free(owner._model)
+        owner._model = None
 
 
 _LOG_CALLBACK = None  # kept alive: llama.cpp holds the pointer

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import queue
 import threading
 import time
 import uuid
@@ -49,6 +48,7 @@ from edge_llm_ros.nodes.common import goal_overrides, latched_qos, run_node, sta
 from edge_llm_ros.runtime.throttle import flood_note
 
 SERVABLE_MODES = ("ar", "sd", "tree", "llmcad")
+CANCEL_POLL_S = 0.1  # a running goal notices a cancel request within this
 
 
 class Serving:
@@ -228,12 +228,12 @@ class ServeNode(rt.Node):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def submit(self, text: str, goal=None, request_id: str | None = None):
+    def submit(self, text: str, goal=None, request_id: str | None = None, listener=None):
         """Start a request on what runs now: its Stream; ValueError (bad goal or prompt) or BusyError."""
         ids = self.prompt_ids(text)
         with self.swap:
             serving = self.serving
-            return serving.server.submit(ids, self.config_for(serving, goal), request_id)
+            return serving.server.submit(ids, self.config_for(serving, goal), request_id, listener)
 
     def config_for(self, serving: Serving, goal=None):
         """The GenerationConfig for a goal (None: an instruction) on ``serving``; ValueError if it is bad."""
@@ -281,37 +281,36 @@ class ServeNode(rt.Node):
             self.slots.release()
 
     def run_goal(self, goal_handle):
-        from edge_llm_ros.core.batching import BusyError
+        """Feedback is published by the server's step thread between decodes (relay); this thread
+        only watches for a cancel and for the client, every CANCEL_POLL_S and client_check_s."""
         from edge_llm_ros.tools.generate import IncrementalDecoder
 
-        Result, stream, text = self.Generate.Result, None, ""
+        Result, Feedback = self.Generate.Result, self.Generate.Feedback
+        decoder, text = IncrementalDecoder(self.tokenizer), []
+
+        def relay(stream, tokens) -> None:
+            delta = "".join(decoder.push(t) for t in tokens) if tokens is not None else decoder.finish()
+            if tokens or delta:
+                text.append(delta)
+                goal_handle.publish_feedback(Feedback(token_ids=tokens or [], text_delta=delta))
+
         try:
-            stream = self.submit(goal_handle.request.prompt, goal_handle.request)
-        except (ValueError, BusyError) as exc:
+            stream = self.submit(goal_handle.request.prompt, goal_handle.request, listener=relay)
+        except (ValueError, RuntimeError) as exc:  # a bad goal; BusyError; a server being replaced
             self.get_logger().error(f"generate: {exc}")
             goal_handle.abort()
             return Result(finish_reason=f"error: {exc}")
-        decoder, absent = IncrementalDecoder(self.tokenizer), 0
+        absent, check_at = 0, time.monotonic() + self.client_check_s
         try:
-            while True:
-                try:
-                    tokens = stream.next_tokens(timeout=self.client_check_s)
-                except queue.Empty:
+            while not stream.wait(CANCEL_POLL_S):
+                if goal_handle.is_cancel_requested:
+                    stream.cancel()
+                if time.monotonic() >= check_at:
+                    check_at = time.monotonic() + self.client_check_s
                     absent = absent + 1 if self.count_subscribers(self.feedback_topic) == 0 else 0
                     if absent >= 2 and not stream.cancelled:
                         self.get_logger().warning(f"generate: request {stream.request_id}: client gone, cancelled")
                         stream.cancel()
-                    continue
-                if goal_handle.is_cancel_requested:
-                    stream.cancel()
-                if tokens is None:
-                    break
-                delta = "".join(decoder.push(t) for t in tokens)
-                text += delta
-                goal_handle.publish_feedback(self.Generate.Feedback(token_ids=tokens, text_delta=delta))
-            if tail := decoder.finish():
-                text += tail
-                goal_handle.publish_feedback(self.Generate.Feedback(text_delta=tail))
         finally:
             self.end_request(stream)
         reason = stream.stats.finish_reason
@@ -322,40 +321,44 @@ class ServeNode(rt.Node):
             reason = f"error: {stream.error}"
         else:
             goal_handle.succeed()
-        return Result(text=text, token_ids=stream.tokens, finish_reason=reason, stats=self.stats_msg([stream], stream.request_id))
+        return Result(text="".join(text), token_ids=stream.tokens, finish_reason=reason,
+                      stats=self.stats_msg([stream], stream.request_id))
 
     def on_instruction(self, msg) -> None:
+        """A TokenChunk per step on response (published by the server's step thread), then a last one
+        with done and finish_reason (and the text a split character held back)."""
+        from edge_llm_ros.tools.generate import IncrementalDecoder
+
         rid = uuid.uuid4().hex[:12]
         if not self.slots.acquire(blocking=False):
             self.log_busy("instruction refused")
-            self.response_pub.publish(stamp(self, self.TokenChunk(
-                request_id=rid, done=True, finish_reason="error",
-                error=f"busy: {self.max_requests} running and {self.max_pending} waiting (max_requests, max_pending)")))
+            self.publish_chunk(rid, 0, done=True, finish_reason="error",
+                               error=f"busy: {self.max_requests} running and {self.max_pending} waiting "
+                                     "(max_requests, max_pending)")
             return
-        threading.Thread(target=self.answer, args=(rid, msg.data), daemon=True, name="instruction").start()
+        decoder = IncrementalDecoder(self.tokenizer)
 
-    def answer(self, rid: str, instruction: str) -> None:
-        """The instruction topic: a TokenChunk per step, then a last one with done and finish_reason
-        (and the text a split character held back). Frees its slot."""
-        from edge_llm_ros.tools.generate import IncrementalDecoder
+        def relay(stream, tokens) -> None:
+            if tokens is not None:
+                self.publish_chunk(rid, len(stream.tokens) - len(tokens), token_ids=tokens,
+                                   text="".join(decoder.push(t) for t in tokens))
+                return
+            try:
+                self.publish_chunk(rid, len(stream.tokens), text=decoder.finish(), done=True,
+                                   finish_reason=stream.stats.finish_reason, error=stream.error)
+                self.end_request(stream)
+            finally:
+                self.slots.release()
 
-        round_, stream = 0, None
         try:
-            stream = self.submit(instruction, request_id=rid)
-            decoder = IncrementalDecoder(self.tokenizer)
-            for round_, tokens in enumerate(stream):
-                self.response_pub.publish(stamp(self, self.TokenChunk(
-                    request_id=rid, round=round_, token_ids=tokens, text="".join(decoder.push(t) for t in tokens))))
-            self.response_pub.publish(stamp(self, self.TokenChunk(
-                request_id=rid, round=len(stream.tokens), text=decoder.finish(), done=True,
-                finish_reason=stream.stats.finish_reason, error=stream.error)))
-        except Exception as exc:  # every instruction gets its final chunk; the node goes on
-            self.get_logger().error(f"instruction: {exc if isinstance(exc, ValueError) else repr(exc)}")
-            self.response_pub.publish(stamp(self, self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
-                                                                  finish_reason="error", error=str(exc) or repr(exc))))
-        finally:
-            self.end_request(stream)
+            self.submit(msg.data, request_id=rid, listener=relay)
+        except (ValueError, RuntimeError) as exc:  # every instruction gets its final chunk; the node goes on
+            self.get_logger().error(f"instruction: {exc}")
+            self.publish_chunk(rid, 0, done=True, finish_reason="error", error=str(exc))
             self.slots.release()
+
+    def publish_chunk(self, request_id: str, round_: int, **fields) -> None:
+        self.response_pub.publish(stamp(self, self.TokenChunk(request_id=request_id, round=round_, **fields)))
 
     # -- stats -------------------------------------------------------------------------------------
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -57,7 +56,7 @@ from typing import TextIO
 from edge_llm_ros.core.llama_backend import llama_cpp_available
 
 from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog
+from .deployment import Deployment, EventLog, write_report
 from .generate import Parser, one_line
 from .loading import LLAMA_CPP, ToolError, check_draft_spec, resolve_draft_backend
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -552,16 +551,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    print(format_table(report), file=out, flush=True)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {json_path}", file=err, flush=True)
-    if png is not None:
-        try:
-            plot(report, png)
-            print(f"wrote {png}", file=err, flush=True)
-        except ImportError:
-            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
+    write_report(report, format_table(report), out, err, json_path, png, plot)
     for run in report["runs"]:
         for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"])):
             for mm in result["mismatches"]:

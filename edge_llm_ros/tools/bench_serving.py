@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -44,7 +43,9 @@ from collections.abc import Callable
 from typing import TextIO
 
 from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
-from .deployment import Deployment, EventLog
+from edge_llm_ros.core.device_profile import cpu_name
+
+from .deployment import Deployment, EventLog, write_report
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -425,16 +426,6 @@ def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[Ben
     return runs
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int, threads: int, model: Path,
                  model_given: bool, extra_args: list[str], log_path: Path | None, progress: bool) -> dict:
     prompts = list(BENCH_PROMPTS)
@@ -633,16 +624,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    print(format_table(report), file=out, flush=True)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {json_path}", file=err, flush=True)
-    if png is not None:
-        try:
-            plot(report, png)
-            print(f"wrote {png}", file=err, flush=True)
-        except ImportError:
-            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
+    write_report(report, format_table(report), out, err, json_path, png, plot)
     for run in report["runs"]:
         for bad in run["inexact"]:
             why = bad["error"] or f"differs from llama.cpp sequential at token {bad['first_difference']}"

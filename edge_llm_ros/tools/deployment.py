@@ -136,3 +136,20 @@ class Deployment:
             else:
                 crashed.append(match.group(0))
         return crashed
+
+
+def write_report(report: dict, table: str, out, err, json_path: Path | None, png: Path | None, plot) -> None:
+    """A bench's outputs: ``table`` on ``out``, the report as JSON at ``json_path``, ``plot(report,
+    png)`` at ``png`` (a warning when matplotlib is missing); what was written said on ``err``."""
+    import json
+
+    print(table, file=out, flush=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {json_path}", file=err, flush=True)
+    if png is not None:
+        try:
+            plot(report, png)
+            print(f"wrote {png}", file=err, flush=True)
+        except ImportError:
+            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)

@@ -170,3 +170,29 @@ def test_a_replaced_server_finishes_its_requests_then_closes(tiny):
     assert stream.stats.finish_reason in ("length", "eos") and stream.tokens
     server._thread.join(TIMEOUT)  # the step thread ends once the last request has
     assert not server._thread.is_alive()
+
+
+def test_a_listener_hears_every_step_on_the_step_thread_and_one_that_fails_ends_only_its_request(batch, prompts,
+                                                                                                  solo):
+    import threading
+
+    server = BatchServer(batch, max_pending=0)
+    heard, threads = [], set()
+
+    def listen(stream, tokens) -> None:
+        heard.append(tokens)
+        threads.add(threading.current_thread().name)
+
+    def fail(stream, tokens) -> None:
+        raise RuntimeError("the publisher is gone")
+
+    try:
+        good = server.submit(prompts[0], preset("ar", max_new_tokens=NEW_TOKENS), listener=listen)
+        bad = server.submit(prompts[1], preset("ar", max_new_tokens=NEW_TOKENS), listener=fail)
+        finished([good, bad])
+        assert [t for ts in heard[:-1] for t in ts] == solo[0] and heard[-1] is None
+        assert threads == {"batch-steps"}
+        assert bad.stats.finish_reason == "error" and "the publisher is gone" in bad.error
+        assert good.tokens == solo[0]
+    finally:
+        server.close()

@@ -216,6 +216,13 @@ def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
                        "(no reload)", 30)
     handle, _, _ = send(client, PROMPTS[0], max_new_tokens=8)
     assert list(handle.get_result_async().result(60).result.token_ids) == solo(PROMPTS[0], 8)
+    # another backend: loaded without a restart; the node serves on torch from then on
+    pub.publish(Plan(mode="sd", backend="torch", gamma=2, reason="test: torch now"))
+    proc.wait_for_line("plan: loaded torch, now serving sd γ=2 on torch (8 requests interleaved)", 180)
+    handle, _, _ = send(client, PROMPTS[0], max_new_tokens=8)
+    response = handle.get_result_async().result(120)
+    assert response.status == STATUS_SUCCEEDED and len(response.result.token_ids) == 8
+    assert (response.result.stats.mode, response.result.stats.backend) == ("sd", "torch")
 
 
 CLIENT_THAT_DIES = '''
