@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .config import GenerationConfig, GenerationStats
-from .decoding import StopStrings, eos_ids, finish_reason, generate
+from .decoding import StopStrings, check_request, eos_ids, finish_reason, generate
 from .sampling import Sampler, make_generator
 
 
@@ -149,12 +149,12 @@ class Server:
 
     kind = "server"
 
-    def __init__(self, *, max_requests: int, max_pending: int, context: int, name: str = "serve") -> None:
+    def __init__(self, *, max_requests: int, max_pending: int, name: str = "serve") -> None:
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         if max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}")
-        self.max_requests, self.max_pending, self.context = max_requests, max_pending, context
+        self.max_requests, self.max_pending = max_requests, max_pending
         self.run_limit = max_requests
         self._pending: deque[Stream] = deque()
         self._running: list = []  # subclass state per running request
@@ -168,14 +168,8 @@ class Server:
     # -- requests ---------------------------------------------------------------------------------
 
     def check(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
-        """The prompt as ids, or ValueError saying what is wrong with the request."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one token")
-        if len(prompt) >= self.context:
-            raise ValueError(f"prompt has {len(prompt)} tokens but the context window is {self.context}: "
-                             "no room to generate")
-        return prompt
+        """The prompt as ids, or ValueError saying what is wrong with the request (a subclass's)."""
+        raise NotImplementedError
 
     def submit(self, prompt_ids: Sequence[int], config: GenerationConfig, request_id: str | None = None,
                listener: Callable[[Stream, list[int] | None], None] | None = None) -> Stream:
@@ -224,9 +218,10 @@ class Server:
         """Take no new request; close once the running and waiting ones have ended (a replaced server)."""
         with self._lock:
             self._retiring = True
-            if not self._started:
-                self._closed = True
+            started = self._started
             self._lock.notify_all()
+        if not started:  # no step thread to do it
+            self.close()
 
     # -- the step thread --------------------------------------------------------------------------
 
@@ -239,19 +234,29 @@ class Server:
                         break
                     self._lock.wait()
                 if self._closed:
-                    if self._retiring:
-                        threading.Thread(target=self.close, daemon=True, name="close").start()
-                    return
-                while self._pending and len(self._running) < min(self.run_limit, self.max_requests):
+                    break
+                while self._pending and len(self._running) < self.run_limit:
                     stream = self._pending.popleft()
                     if stream.cancelled:
                         stream._finish("cancelled")
                         continue
                     self._running.append(self._start(stream))
             try:
-                self._step()
+                for state in [s for s in self._running if s.stream.cancelled]:
+                    self._leave(state, "cancelled")
+                if self._running:
+                    self._step()
             except Exception as exc:  # a failed step ends what was running; the server goes on
                 self._release_all(f"{type(exc).__name__}: {exc}")
+        if self._retiring:  # idle at last: nothing runs any more, so this thread frees the models
+            self._free()
+
+    def _leave(self, state, reason: str, error: str = "") -> None:
+        """End a running request (a subclass's state for it)."""
+        with self._lock:
+            if state in self._running:
+                self._running.remove(state)
+        self._end(state, reason, error)
 
     def _release_all(self, error: str) -> None:
         with self._lock:
@@ -263,6 +268,7 @@ class Server:
         raise NotImplementedError
 
     def _step(self) -> None:
+        """One step of every running request (there is at least one; cancelled ones have left)."""
         raise NotImplementedError
 
     def _end(self, state, reason: str, error: str = "") -> None:
@@ -296,7 +302,7 @@ class LlamaBatch:
         if not self._ctx:
             raise LlamaCppError(f"llama.cpp could not create a context of {sequences} x {context} tokens for {self.path}")
         self._mem = lc.llama_get_memory(self._ctx)
-        self.sequences, self.context, self.n_batch = sequences, context, n_batch
+        self.sequences, self.max_context, self.n_batch = sequences, context, n_batch
         self.vocab_size = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model))
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self.tokenizer = load_tokenizer(self.path) if tokenizer == "auto" else tokenizer
@@ -367,8 +373,7 @@ class BatchServer(Server):
 
     def __init__(self, batch: LlamaBatch, *, max_requests: int | None = None, max_pending: int = 16,
                  prefill_budget: int | None = None) -> None:
-        super().__init__(max_requests=max_requests or batch.sequences, max_pending=max_pending,
-                         context=batch.context, name="batch")
+        super().__init__(max_requests=max_requests or batch.sequences, max_pending=max_pending, name="batch")
         if self.max_requests > batch.sequences:
             raise ValueError(f"max_requests={self.max_requests} exceeds the batch's {batch.sequences} sequences")
         self.batch = batch
@@ -382,25 +387,17 @@ class BatchServer(Server):
     def check(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         if config.mode != "ar":
             raise ValueError(f"the batched llama.cpp server runs mode ar, got {config.mode!r}")
-        prompt = super().check(prompt_ids, config)
-        if max(prompt) >= self.batch.vocab_size or min(prompt) < 0:
-            raise ValueError(f"prompt token ids must be in [0, {self.batch.vocab_size})")
-        if config.stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer on the target model")
-        return prompt
+        return check_request(self.batch, prompt_ids, config, None)
 
     def _start(self, stream: Stream) -> _Sequence:
         config = stream.config
         sampler = None if config.greedy else Sampler(config.temperature, config.top_k, config.top_p,
                                                      make_generator(config.seed))
-        limit = min(config.max_new_tokens, self.context - len(stream.prompt))
-        return _Sequence(stream, self._free_seqs.pop(), sampler, eos_ids(self.batch, config), StopStrings(self.tokenizer, config.stop_strings), limit)
+        limit = min(config.max_new_tokens, self.batch.max_context - len(stream.prompt))
+        return _Sequence(stream, self._free_seqs.pop(), sampler, eos_ids(self.batch, config),
+                         StopStrings(self.tokenizer, config.stop_strings), limit)
 
     def _step(self) -> None:
-        for state in [s for s in self._running if s.stream.cancelled]:
-            self._leave(state, "cancelled")
-        if not self._running:
-            return
         work, fed, budget = [], [], self.prefill_budget
         for state in self._running:
             prompt = state.stream.prompt
@@ -428,12 +425,6 @@ class BatchServer(Server):
             if reason:
                 self._leave(state, reason)
 
-    def _leave(self, state: _Sequence, reason: str, error: str = "") -> None:
-        with self._lock:
-            if state in self._running:
-                self._running.remove(state)
-        self._end(state, reason, error)
-
     def _free(self) -> None:
         self.batch.close()
 
@@ -458,19 +449,13 @@ class EngineServer(Server):
     """The engine's ``generate`` per request, one token per turn, round robin (see the module docstring)."""
 
     def __init__(self, target, drafter=None, *, max_requests: int = 8, max_pending: int = 16) -> None:
-        from .decoding import context_window
-
-        super().__init__(max_requests=max_requests, max_pending=max_pending,
-                         context=context_window(target, drafter), name="engine")
+        super().__init__(max_requests=max_requests, max_pending=max_pending, name="engine")
         self.target, self.drafter, self.tokenizer = target, drafter, target.tokenizer
         # one live cache per llama.cpp model: its requests run one at a time
         self.run_limit = 1 if hasattr(target, "_live") else max_requests
         self.kind = "one at a time" if self.run_limit == 1 else "interleaved"
 
     def check(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
-        from .decoding import check_request
-
-        super().check(prompt_ids, config)
         return check_request(self.target, prompt_ids, config, self.drafter if config.mode != "ar" else None)
 
     def _start(self, stream: Stream) -> _Turn:
@@ -481,9 +466,6 @@ class EngineServer(Server):
 
     def _step(self) -> None:
         for turn in list(self._running):
-            if turn.stream.cancelled:
-                self._leave(turn, "cancelled")
-                continue
             try:
                 with torch.inference_mode():
                     token = next(turn.tokens)
@@ -493,12 +475,6 @@ class EngineServer(Server):
             turn.stream._emit([token])
             if turn.stream.stats.finish_reason:
                 self._leave(turn, turn.stream.stats.finish_reason)
-
-    def _leave(self, turn: _Turn, reason: str, error: str = "") -> None:
-        with self._lock:
-            if turn in self._running:
-                self._running.remove(turn)
-        self._end(turn, reason, error)
 
     def _free(self) -> None:
         if hasattr(self.target, "close"):  # a llama.cpp context

@@ -57,8 +57,8 @@ CANCEL_POLL_S = 0.1  # a running goal notices a cancel request within this
 class Serving:
     """What runs now: the server with its backend, mode, shape and the line that says why."""
 
-    def __init__(self, server, backend: str, mode: str, shape: dict, draft: str, why: str) -> None:
-        self.server, self.backend, self.mode, self.shape, self.draft, self.why = server, backend, mode, shape, draft, why
+    def __init__(self, server, backend: str, mode: str, shape: dict, why: str) -> None:
+        self.server, self.backend, self.mode, self.shape, self.why = server, backend, mode, shape, why
 
     @property
     def batched(self) -> bool:
@@ -100,10 +100,10 @@ class ServeNode(rt.Node):
                                  ("context", self.window, 16)):
             if value < low:
                 raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
-        for name, value in (("stats_period_s", stats_period), ("client_check_s", self.client_check_s)):
-            if not (math.isfinite(value) and value >= 0 if name == "stats_period_s" else value > 0):
-                raise ValueError(f"parameter '{name}' must be a finite number {'>= 0' if name == 'stats_period_s' else '> 0'}, "
-                                 f"got {value}")
+        if not (math.isfinite(stats_period) and stats_period >= 0):
+            raise ValueError(f"parameter 'stats_period_s' must be a finite number >= 0, got {stats_period}")
+        if not (math.isfinite(self.client_check_s) and self.client_check_s > 0):
+            raise ValueError(f"parameter 'client_check_s' must be a finite number > 0, got {self.client_check_s}")
         self.forced_backend, self.forced_mode = (None if backend == "auto" else backend), mode or None
         # one slot per goal or instruction from admission to its end: the server's own bound, taken at once
         self.slots = threading.BoundedSemaphore(self.max_requests + self.max_pending)
@@ -126,8 +126,7 @@ class ServeNode(rt.Node):
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         from edge_llm_ros.runtime import graph
 
-        self.feedback_topic = graph.action_names(self.resolve("generate"))["feedback"] if rt.BACKEND != "rclpy" \
-            else self.resolve("generate") + "/_action/feedback"
+        self.feedback_topic = graph.action_names(self.resolve("generate"))["feedback"]  # rcl_action's layout
         if stats_period > 0:
             self.create_timer(stats_period, self.publish_recent_stats)
         self.get_logger().info(f"serving {self.serving.describe()}: {self.serving.why}; "
@@ -151,7 +150,7 @@ class ServeNode(rt.Node):
         if plan is not None:
             backend, mode, shape = plan.backend, plan.mode, plan.overrides()
             why = f"the device plan {plan.path} predicts {plan.predicted_tok_s:.1f} tok/s for {plan.describe()}"
-            draft = "llama.cpp" if plan.draft_backend == "llama.cpp" and self.draft is None else self.draft
+            draft = self.draft_for(plan.draft_backend)
         else:
             backend = "llama.cpp" if llama_cpp_available() else "torch"
             mode, shape, draft = "ar", {}, self.draft
@@ -162,6 +161,14 @@ class ServeNode(rt.Node):
             backend, mode = self.forced_backend or backend, self.forced_mode or mode
             why += f"; parameters: backend {backend}, mode {mode}"
         return backend, mode, shape, draft, why
+
+    def draft_for(self, draft_backend: str) -> str | None:
+        """The draft spec: the `draft` parameter, else the plan's draft backend's default draft."""
+        return "llama.cpp" if self.draft is None and draft_backend == "llama.cpp" else self.draft
+
+    @property
+    def tokenizer(self):
+        return self.serving.server.tokenizer
 
     def load(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
         """Load the models for (backend, mode) and start their server; ValueError if it cannot."""
@@ -187,8 +194,7 @@ class ServeNode(rt.Node):
                                       max_requests=self.max_requests, max_pending=self.max_pending)
         except (ToolError, OSError) as exc:
             raise ValueError(f"cannot serve {mode} on {backend}: {exc}") from exc
-        self.tokenizer = server.tokenizer
-        return Serving(server, backend, mode, shape, draft or "", why)
+        return Serving(server, backend, mode, shape, why)
 
     def on_plan(self, msg) -> None:
         """A new plan: switch mode and shape; load again only when needed (:meth:`needs_reload`).
@@ -204,11 +210,11 @@ class ServeNode(rt.Node):
                 shape = plan.overrides() if mode == plan.mode else {}
                 if (backend, mode) != (plan.backend, plan.mode):
                     why += f"; parameters: backend {backend}, mode {mode}"
-                draft = "llama.cpp" if plan.draft_backend == "llama.cpp" and self.draft is None else self.draft
+                draft = self.draft_for(plan.draft_backend)
                 if self.needs_reload(old, backend, mode):
                     new = self.load(backend, mode, shape, draft, why)
                 else:
-                    new = Serving(old.server, backend, mode, shape, old.draft, why)
+                    new = Serving(old.server, backend, mode, shape, why)
             except ValueError as exc:  # PlanError is one
                 self.get_logger().error(f"plan refused: {exc}; still serving {old.describe()}")
                 return

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import graph
-from .embedded import ActionClass, Future, Node, ServiceTimeoutError, type_name_of
+from .embedded import ActionClass, Clock, Future, Node, ServiceTimeoutError, type_name_of
 from .interfaces import registry
 
 # action_msgs/msg/GoalStatus
@@ -56,8 +56,7 @@ def _uuid_msg(raw: bytes) -> Any:
 
 
 def _stamp_now() -> Any:
-    ns = time.time_ns()
-    return registry().new("builtin_interfaces/msg/Time", sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+    return Clock().now().to_msg()
 
 
 # ---------------------------------------------------------------------- server

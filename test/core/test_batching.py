@@ -196,3 +196,10 @@ def test_a_listener_hears_every_step_on_the_step_thread_and_one_that_fails_ends_
         assert good.tokens == solo[0]
     finally:
         server.close()
+
+
+def test_a_server_replaced_before_its_first_request_closes_at_once(tiny):
+    server = EngineServer(tiny, max_requests=1, max_pending=0)
+    server.close_when_idle()
+    with pytest.raises(ServerClosedError):
+        server.submit([1, 2], preset("ar"))
