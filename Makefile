@@ -1,10 +1,11 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
+SHELL  := /bin/bash
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install ros2 demo test test-fast clean
 
 install: $(STAMP)
 
@@ -26,16 +27,45 @@ $(STAMP): setup.py constraints.txt
 	@touch $(STAMP)
 	@echo "installed into $(VENV): CLI at $(VENV)/bin/edge-llm-ros"
 
+# ROS 2 Jazzy (rclpy on Fast DDS, rosidl, ament_cmake, launch, the ros2 CLI) goes into the same
+# .venv from ../shared/ros2, with colcon; then colcon builds this package into build/ros2/install.
+# Installed is not sourced: the nodes run on rclpy only in a shell that sourced
+# .venv/ros2_setup.sh (and build/ros2/install/local_setup.bash), else on the embedded backend.
+# colcon builds from build/ros2/src/edge_llm_ros, a link to this folder: CMake refuses include
+# folders inside the source folder, and .venv (numpy's headers) is inside this one.
+ROS2_SHARED ?= ../shared/ros2
+ROS2_WS     := build/ros2
+ROS2_STAMP  := $(VENV)/.ros2-installed
+
+$(ROS2_STAMP): $(STAMP) constraints.txt
+	@test -x $(ROS2_SHARED)/install-jazzy.sh || { echo "error: no ROS 2 Jazzy installer at $(ROS2_SHARED)/install-jazzy.sh (set ROS2_SHARED)"; exit 1; }
+	$(ROS2_SHARED)/install-jazzy.sh $(VENV)
+	$(PIP) install -q -c constraints.txt colcon-core colcon-ros colcon-cmake colcon-bash
+	@touch $(ROS2_STAMP)
+
+ros2: $(ROS2_STAMP)
+	@mkdir -p $(ROS2_WS)/src && ln -sfn ../../.. $(ROS2_WS)/src/edge_llm_ros
+	cd $(ROS2_WS) && bash -c 'source $(abspath $(VENV))/ros2_setup.sh && colcon build --base-paths src \
+	  --cmake-args -DBUILD_TESTING=OFF \
+	  -DPython3_EXECUTABLE=$(abspath $(PY))' > colcon.log 2>&1 || { tail -30 colcon.log; exit 1; }
+	@echo "built into $(ROS2_WS)/install: source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash"
+
 demo: install
 	$(VENV)/bin/edge-llm-ros demo
 
-test: install
-	$(PY) -m pytest -q test
+# The suite runs in a shell with ROS 2 and this package's install sourced, as a ROS 2 user's would
+# be: the tests under rclpy need it, the others choose the embedded backend themselves
+# (test/conftest.py). This checkout comes first on PYTHONPATH, so the code under test is this one.
+SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash && \
+  export PYTHONPATH=$(CURDIR):$$PYTHONPATH &&
+
+test: install ros2
+	$(SOURCED) $(PY) -m pytest -q test
 
 # While you work: everything but the tests marked slow (real node processes, launches, the
 # reliability suite, the real-process benches); `make test` runs them all, as CI does.
-test-fast: install
-	$(PY) -m pytest -q -m "not slow" test
+test-fast: install ros2
+	$(SOURCED) $(PY) -m pytest -q -m "not slow" test
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -46,7 +46,7 @@ setup(
     ],
     entry_points={
         "console_scripts": [
-            "edge-llm-ros = edge_llm_ros.runtime.cli:main",
+            "edge-llm-ros = edge_llm_ros.cli:main",
         ],
     },
 )

@@ -38,7 +38,7 @@ def config_path(config: str) -> Path:
         installed = Path(get_package_share_directory(PACKAGE)) / "config" / config
         if installed.is_file():
             return installed
-    except (ImportError, LookupError):  # PackageNotFoundError is a LookupError
+    except (ImportError, LookupError, OSError):  # PackageNotFoundError is a LookupError; no AMENT_PREFIX_PATH
         pass
     return find_config(config, Path(__file__).resolve().parents[1] / "launch" / "_.launch.py")
 

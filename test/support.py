@@ -17,6 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
+def python_path() -> str:
+    """PYTHONPATH for child processes: this checkout first, then what the environment has (a sourced
+    ROS 2 install: rclpy, and the msg/srv/action modules colcon generated for this package)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     """Poll `predicate` until it returns a truthy value; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -33,7 +39,7 @@ class Proc:
     """A child process whose output lines are collected as they come, to wait on them."""
 
     def __init__(self, args: list[str], env: dict | None = None, cwd: Path = REPO) -> None:
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
         full_env.update(env or {})
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       env=full_env, cwd=cwd, start_new_session=True)
@@ -89,8 +95,8 @@ def python_module(module: str, *args: str) -> list[str]:
 
 def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
     """Run `edge-llm-ros ARGS` as a separate process."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "edge_llm_ros.runtime.cli", *args], capture_output=True,
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
+    return subprocess.run([sys.executable, "-m", "edge_llm_ros.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO, input=input)
 
 

@@ -15,8 +15,9 @@ import torch
 
 from edge_llm_ros.core import MODES, ModelDrafter, PromptLookupDrafter, chat_prompt, preset
 from edge_llm_ros.tools import bench, generate
-from edge_llm_ros.tools.generate import IncrementalDecoder
-from edge_llm_ros.tools.loading import ToolError, build_drafter, byte_tokenizer, hf_view, load_target
+from edge_llm_ros.core.detokenize import IncrementalDecoder
+from edge_llm_ros.core.loading import LoadError, build_drafter, byte_tokenizer, load_target
+from edge_llm_ros.tools.loading import hf_view
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,16 +149,16 @@ def test_draft_specs(tiny, tmp_path):
     d = build_drafter("shallow:1:100", tiny)
     assert isinstance(d.drafter, ModelDrafter) and d.drafter.vocab_ids.tolist() == list(range(100))
     assert d.spec == "shallow:1:100" and len(d.drafter.model.layer_ids) == 1
-    with pytest.raises(ToolError, match="V must be"):
+    with pytest.raises(LoadError, match="V must be"):
         build_drafter("shallow:1:0", tiny)
     empty = tmp_path / "trained"
     empty.mkdir()
-    with pytest.raises(ToolError, match="cannot load draft"):
+    with pytest.raises(LoadError, match="cannot load draft"):
         build_drafter(str(empty), tiny)
 
 
-def test_trained_draft_folders_and_the_default_go_through_core(tiny, tmp_path, monkeypatch):
-    import edge_llm_ros.core as core
+def test_trained_draft_folders_and_the_default_go_through_load_drafter(tiny, tmp_path, monkeypatch):
+    from edge_llm_ros.core import loading
 
     trained = tmp_path / "k2"
     trained.mkdir()
@@ -171,22 +172,14 @@ def test_trained_draft_folders_and_the_default_go_through_core(tiny, tmp_path, m
             raise FileNotFoundError("no shipped draft")
         return twin
 
-    monkeypatch.delattr(core, "default_drafter", raising=False)
-    monkeypatch.delattr(core, "load_drafter", raising=False)
-    with pytest.raises(ToolError, match="no load_drafter"):
-        build_drafter(str(trained), tiny)
-    assert "ships no trained drafts" in build_drafter(None, tiny).description
-
-    monkeypatch.setattr(core, "load_drafter", load_drafter, raising=False)
+    monkeypatch.setattr(loading, "load_drafter", load_drafter)
     draft = build_drafter(str(trained), tiny)
     assert draft.drafter is twin and calls == [trained]
     fallback = build_drafter(None, tiny)  # nothing shipped: the untrained shallow draft, saying why
     assert fallback.spec == "shallow:1" and "no shipped draft" in fallback.description
 
-    monkeypatch.setattr(core, "load_drafter", lambda target, path=None: twin, raising=False)
+    monkeypatch.setattr(loading, "load_drafter", lambda target, path=None: twin)
     assert build_drafter(None, tiny).spec == "trained"
-    monkeypatch.setattr(core, "default_drafter", lambda target: twin, raising=False)
-    assert build_drafter(None, tiny).spec == "default"
 
 
 def test_draft_model_directory_drafts_for_generate(tiny, tmp_path):

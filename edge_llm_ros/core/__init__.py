@@ -4,7 +4,7 @@ Nothing here imports ROS, rclpy, zenoh, or edge_llm_ros.runtime / edge_llm_ros.n
 nodes and the CLI build these objects from their parameters and call them.
 """
 
-from .config import MODES, PRESETS, GenerationConfig, GenerationStats, preset
+from .config import MODES, PRESETS, GenerationConfig, GenerationStats, mean_tau, preset
 from .decoding import GenerationResult, generate, generate_all, update_alpha
 from .draft_models import Draft, DraftMismatchError, build_draft, load_draft, load_drafter, save_draft
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter, TreeSpec
@@ -103,6 +103,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "make_generator",
+    "mean_tau",
     "preset",
     "projected_speedup",
     "run_edge_cloud",

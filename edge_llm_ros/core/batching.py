@@ -359,7 +359,7 @@ class _Sequence:
     stream: Stream
     seq: int
     sampler: Sampler | None  # None: greedy (argmax on the logits view)
-    eos: set[int]
+    eos: tuple[int, ...]
     stops: StopStrings
     limit: int
     fed: int = 0  # prompt tokens decoded so far

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from .drafters import TreeSpec
@@ -122,6 +123,12 @@ def preset(mode: str, **overrides) -> GenerationConfig:
     return PRESETS[mode].with_overrides(**overrides)
 
 
+def mean_tau(accepted: Sequence[int], empty: float = 0.0) -> float:
+    """Mean accepted length τ: tokens per target verification pass, the drafted tokens ``accepted``
+    in each round plus the target's own token, averaged over the rounds; ``empty`` with no round."""
+    return (sum(accepted) + len(accepted)) / len(accepted) if accepted else empty
+
+
 @dataclass
 class GenerationStats:
     """Counters of one generation. τ counts tokens per target pass (accepted + bonus)."""
@@ -144,7 +151,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean accepted length τ: tokens produced per target verification pass."""
-        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else 0.0
+        return mean_tau(self.accepted)
 
     @property
     def acceptance_rate(self) -> float:

@@ -81,16 +81,18 @@ def check_request(
     return prompt
 
 
-def eos_ids(target: CausalLM, config: GenerationConfig) -> set[int]:
-    if config.eos_token_ids is not None:
-        return set(config.eos_token_ids)
-    tok = target.tokenizer
-    eos = getattr(tok, "eos_token_id", None) if tok is not None else None
+def eos_ids(model, config: GenerationConfig | None = None) -> tuple[int, ...]:
+    """The token ids that end a generation: ``config.eos_token_ids`` when set, else the EOS of
+    ``model``'s tokenizer, else of its model config (one id or a list); () when none names one.
+    ``model``: a target, a drafter or a batch (a ``tokenizer``, perhaps a ``config``)."""
+    if config is not None and config.eos_token_ids is not None:
+        return tuple(config.eos_token_ids)
+    eos = getattr(getattr(model, "tokenizer", None), "eos_token_id", None)
     if eos is None:
-        eos = getattr(getattr(target, "config", None), "eos_token_id", None)
+        eos = getattr(getattr(model, "config", None), "eos_token_id", None)
     if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
 class StopStrings:
@@ -215,7 +217,7 @@ def record_round(stats: GenerationStats, tree: TokenTree, result: Verification, 
     stats.accepted.append(result.accepted)
 
 
-def finish_reason(generated: list[int], limit: int, eos: set[int], stops: StopStrings) -> str:
+def finish_reason(generated: list[int], limit: int, eos: tuple[int, ...], stops: StopStrings) -> str:
     """Why generation ends after the last token ("" to go on). EOS and stop strings are emitted."""
     if generated[-1] in eos:
         return "eos"

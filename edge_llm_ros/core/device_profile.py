@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from .config import PRESETS, preset
+from .config import PRESETS, mean_tau, preset
 from .decoding import draft_step, generate_all
 from .device_plan import plan_record
 from .drafters import TreeSpec
@@ -215,11 +215,6 @@ def accepted_per_round(target, drafter, prompts: list[list[int]], config) -> lis
     return [a for ids in prompts for a in generate_all(target, ids, config, drafter).stats.accepted]
 
 
-def mean_tau(accepted: Sequence[int]) -> float:
-    """Tokens per verification: accepted drafted tokens + the target's own token, per round."""
-    return (sum(accepted) + len(accepted)) / len(accepted) if accepted else 1.0
-
-
 def chain_taus(accepted: Sequence[int], max_gamma: int) -> dict[int, float]:
     """τ(γ) for γ = 1..max_gamma from the rounds of one greedy sd run at γ = max_gamma.
 
@@ -227,7 +222,7 @@ def chain_taus(accepted: Sequence[int], max_gamma: int) -> dict[int, float]:
     tokens would have accepted min(a, γ) of γ: τ(γ) = 1 + mean(min(a, γ)) over the rounds (the rounds
     start where the max_gamma run's did, which only changes which positions are sampled).
     """
-    return {gamma: mean_tau([min(a, gamma) for a in accepted]) for gamma in range(1, max_gamma + 1)}
+    return {gamma: mean_tau([min(a, gamma) for a in accepted], empty=1.0) for gamma in range(1, max_gamma + 1)}
 
 
 def sd_taus(target, drafter, prompts: list[list[int]], calibration: Calibration) -> dict[int, float]:
@@ -237,13 +232,13 @@ def sd_taus(target, drafter, prompts: list[list[int]], calibration: Calibration)
 
     if not calibration.tau_per_gamma:
         return chain_taus(run(calibration.max_gamma), calibration.max_gamma)
-    return {gamma: mean_tau(run(gamma)) for gamma in range(1, calibration.max_gamma + 1)}
+    return {gamma: mean_tau(run(gamma), empty=1.0) for gamma in range(1, calibration.max_gamma + 1)}
 
 
 def tree_tau(target, drafter, prompts: list[list[int]], spec: TreeSpec, tokens: int) -> float:
     config = preset("tree", tree_depth=spec.depth, tree_branch=spec.branch, tree_expand=spec.expand,
                     tree_width=spec.width, max_new_tokens=tokens)
-    return mean_tau(accepted_per_round(target, drafter, prompts, config))
+    return mean_tau(accepted_per_round(target, drafter, prompts, config), empty=1.0)
 
 
 def measure_draft(draft: DraftSubject, target, prompts: list[list[int]], calibration: Calibration,

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .decoding import eos_ids
 from .models import TorchCausalLM, chat_prompt, encode
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
@@ -238,17 +239,6 @@ class TopKRecorder:
         return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
 
 
-def eos_token_ids(target: TorchCausalLM) -> list[int]:
-    """The EOS ids the engine stops at (the tokenizer's, else the model config's)."""
-    tok = target.tokenizer
-    eos = getattr(tok, "eos_token_id", None) if tok is not None else None
-    if eos is None:
-        eos = getattr(target.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-
-
 def _generate_batch(
     target: TorchCausalLM,
     batch: list[tuple[Prompt, list[int]]],
@@ -262,7 +252,7 @@ def _generate_batch(
     from transformers import GenerationConfig as HFGenerationConfig
     from transformers import LogitsProcessorList
 
-    eos = eos_token_ids(target)
+    eos = list(eos_ids(target))
     pad = eos[0] if eos else 0
     width = max(len(ids) for _, ids in batch)
     input_ids = torch.full((len(batch), width), pad, dtype=torch.long)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import sys
 import threading
 import time
@@ -74,7 +75,9 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
         node = build()
     except (ValueError, OSError) as exc:  # ParamsError, ParameterError, InterfaceError are ValueErrors
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        rt.shutdown()
         return 2
+    node.get_logger().info(f"runtime: {rt.BACKEND} ({rt.WHY})")
     try:
         rt.spin(node)
     except KeyboardInterrupt:
@@ -82,7 +85,17 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
     finally:
         node.destroy_node()
         rt.shutdown()
+        ignore_interrupts()
     return 0
+
+
+def ignore_interrupts() -> None:
+    """Ignore SIGINT from here on, in the main thread. The interpreter's exit restores the default
+    handler (unless it is SIG_IGN), and a process with torch and llama.cpp loaded takes a moment to
+    exit: a second Ctrl-C in that moment (a terminal signals the whole process group, then `ros2
+    launch` signals each node again) would kill it with status -2 after a clean shutdown."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def stamp(node, msg):

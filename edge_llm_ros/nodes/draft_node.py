@@ -23,16 +23,7 @@ fields are out of range (empty prompt, temperature not a finite number >= 0, top
 Sampled requests draft from the request's warps with top-k capped at `proposal_top_k`, the
 proposal support each drafted token carries on the wire; the verifier's test stays exact.
 
-Parameters: draft ('' = the shipped trained draft; or shallow:K, exit:K[:PATH], lookup, PATH on
-torch; llama.cpp:PATH or a .gguf PATH on llama.cpp), draft_backend (auto | torch | llama.cpp:
-which runs the draft; auto = the draft spec's, else the device plan's (`edge-llm-ros plan
---device`), else llama.cpp when llama-cpp-python is installed, else torch), model ('' =
-SmolLM2: the tokenizer, and on torch the weights the draft shares), mode (ee | fsd | sd | tree |
-ar; a goal's `mode` overrides it), gamma,
-max_new_tokens (when a goal says 0), timeout_s, predraft_workers (pre-draft threads, a drafter
-each; one more drafter serves misses), chat_template (apply the tokenizer's chat template),
-threads (torch threads, or each llama.cpp drafter's), stats_period_s (aggregate InferenceStats
-on `stats`; 0 = only per request), max_requests, proposal_top_k.
+Parameters: DraftParams below, all read-only (a change needs a restart).
 
 On llama.cpp the node loads the target's tokenizer only (no torch weights) and gives each of its
 predraft_workers + 1 drafters a llama.cpp context of its own (llama.cpp releases the GIL, so the
@@ -42,7 +33,6 @@ pre-drafting threads run in parallel).
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import threading
 import time
@@ -51,6 +41,7 @@ from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, goal_overrides, run_node, stamp, to_message
+from edge_llm_ros.nodes.parameters import declare, param
 
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
@@ -89,53 +80,65 @@ class Finished:
     tokens: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class DraftParams:
+    draft: str = param("", "the draft: '' = the shipped trained draft; shallow:K, exit:K[:PATH], lookup or a "
+                           "folder on torch; llama.cpp:PATH or a .gguf file on llama.cpp")
+    draft_backend: str = param("auto", "where the draft runs; auto = the draft spec's, else the device plan's, "
+                                       "else llama.cpp when llama-cpp-python is installed, else torch",
+                               choices=("auto", "torch", "llama.cpp"))
+    model: str = param("", "the target's tokenizer (and on torch the weights the draft shares); '' = SmolLM2")
+    mode: str = param("ee", "decoding mode when a goal gives none: ee, fsd, sd, tree or ar")
+    gamma: int = param(4, "tokens drafted per round", low=1, high=64)
+    max_new_tokens: int = param(64, "answer length when a goal gives 0, and for instructions", low=1, high=1_000_000)
+    timeout_s: float = param(10.0, "seconds to wait for a round's final VerifyResult before the request ends",
+                             low=0.001)
+    predraft_workers: int = param(1, "pre-drafting threads, a drafter each (one more drafter serves misses)",
+                                  low=1, high=64)
+    chat_template: bool = param(True, "apply the tokenizer's chat template to prompts")
+    threads: int = param(0, "torch threads, or each llama.cpp drafter's (0 = the default)", low=0, high=1024)
+    stats_period_s: float = param(1.0, "period of the aggregate InferenceStats on stats (0 = per request only)",
+                                  low=0.0)
+    max_requests: int = param(8, "requests at once; more goals are refused as busy", low=1, high=1024)
+    proposal_top_k: int = param(64, "top-k of the proposal each drafted token carries (sampled requests)",
+                                low=1, high=1_000_000)
+
+    def __post_init__(self) -> None:
+        from edge_llm_ros.core import EDGE_MODES
+
+        if self.mode not in EDGE_MODES:
+            raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
+
+
 class DraftNode(rt.Node):
     def __init__(self) -> None:
         super().__init__("draft_node", namespace="edge_llm")
         import torch
 
-        from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter
-        from edge_llm_ros.tools.loading import (ToolError, build_drafters, check_draft_spec, planned_draft_backend,
-                                                resolve_draft_backend)
+        from edge_llm_ros.core import EarlyExitDrafter
+        from edge_llm_ros.core.loading import (LoadError, build_drafters, check_draft_spec, planned_draft_backend,
+                                               resolve_draft_backend)
 
-        spec = self.declare_parameter("draft", "").value or None
-        backend = self.declare_parameter("draft_backend", "auto").value
-        model = self.declare_parameter("model", "").value
-        self.mode = self.declare_parameter("mode", "ee").value
-        gamma = self.declare_parameter("gamma", 4).value
-        self.max_new_tokens = self.declare_parameter("max_new_tokens", 64).value
-        self.timeout_s = float(self.declare_parameter("timeout_s", 10.0).value)
-        workers = self.declare_parameter("predraft_workers", 1).value
-        self.chat_template = self.declare_parameter("chat_template", True).value
-        threads = self.declare_parameter("threads", 0).value
-        self.stats_period = stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
-        self.max_requests = self.declare_parameter("max_requests", 8).value
-        proposal_top_k = self.declare_parameter("proposal_top_k", 64).value
-        if self.mode not in EDGE_MODES:
-            raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
-        for name, value, low in (("gamma", gamma, 1), ("max_new_tokens", self.max_new_tokens, 1),
-                                 ("predraft_workers", workers, 1), ("threads", threads, 0),
-                                 ("stats_period_s", stats_period, 0), ("max_requests", self.max_requests, 1),
-                                 ("proposal_top_k", proposal_top_k, 1)):
-            if value < low:
-                raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
-        if not math.isfinite(stats_period):
-            raise ValueError(f"parameter 'stats_period_s' must be a finite number >= 0, got {stats_period}")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ValueError(f"parameter 'timeout_s' must be a finite number > 0, got {self.timeout_s}")
+        params = declare(self, DraftParams)
+        spec, backend, model, self.mode, gamma = (params.draft or None, params.draft_backend, params.model,
+                                                  params.mode, params.gamma)
+        self.max_new_tokens, self.timeout_s, workers = params.max_new_tokens, params.timeout_s, params.predraft_workers
+        self.chat_template, threads, self.max_requests = params.chat_template, params.threads, params.max_requests
+        self.stats_period = stats_period = params.stats_period_s
+        proposal_top_k = params.proposal_top_k
         if threads:
             torch.set_num_threads(threads)
         try:
             planned = (planned_draft_backend(model or None, warn=self.get_logger().warning)
                        if backend == "auto" and not spec else None)
             self.backend, spec, why = resolve_draft_backend(backend, spec, planned)
-        except ToolError as exc:
+        except LoadError as exc:
             raise ValueError(f"parameter 'draft_backend': {exc}") from exc
         try:
             check_draft_spec(spec)
             # + one drafter for misses; on llama.cpp only the target's tokenizer is loaded, not its weights
             drafts, self.tokenizer = build_drafters(self.backend, spec, model or None, workers + 1, threads or None)
-        except ToolError as exc:
+        except LoadError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
         self.gamma = gamma
         self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers,
@@ -162,7 +165,7 @@ class DraftNode(rt.Node):
             self.create_timer(stats_period, self.publish_recent_stats)
         self.get_logger().info(f"drafting with {drafts[0].description}, draft backend {self.backend} ({why}), "
                                f"{len(drafts)} drafters, mode {self.mode} (gamma {gamma}): "
-                               f"{self.resolve('draft')} -> verifier -> {self.resolve('verify')}")
+                               f"{self.resolve_topic_name('draft')} -> verifier -> {self.resolve_topic_name('verify')}")
 
     # -- callbacks ---------------------------------------------------------------------------------
 
@@ -225,7 +228,7 @@ class DraftNode(rt.Node):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
         VerifierTimeout, DraftRejectedError or ValueError (bad prompt / outcome)."""
         from edge_llm_ros.core import EDGE_MODES
-        from edge_llm_ros.tools.generate import IncrementalDecoder
+        from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         if not prompt.strip():
             raise ValueError("prompt is empty")
@@ -266,6 +269,7 @@ class DraftNode(rt.Node):
         subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
         PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
         deadline, absent = time.monotonic() + self.timeout_s, 0
+        draft_topic = self.resolve_topic_name("draft")
         while True:
             try:
                 return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
@@ -273,10 +277,10 @@ class DraftNode(rt.Node):
                 pass
             if time.monotonic() >= deadline:
                 raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
-                                      f"tokens): is verifier_node running and subscribed to {self.resolve('draft')}?")
+                                      f"tokens): is verifier_node running and subscribed to {draft_topic}?")
             absent = absent + 1 if self.count_subscribers("draft") == 0 else 0
             if absent >= 2:
-                raise VerifierTimeout(f"verifier gone: nothing subscribes to {self.resolve('draft')} any more "
+                raise VerifierTimeout(f"verifier gone: nothing subscribes to {draft_topic} any more "
                                       f"(verifier_node died or is restarting; {tokens} token(s) committed)")
 
     def execute(self, goal_handle):
@@ -336,6 +340,8 @@ class DraftNode(rt.Node):
 
     def stats_msg(self, request_id: str, mode: str, requests: list[Finished]):
         """InferenceStats over ``requests`` (one: that request's; several: the aggregate, request_id '')."""
+        from edge_llm_ros.core import mean_tau
+
         done = [f for f in requests if f.stats is not None]
         rounds = [a for f in done for a in f.stats.accepted]
         tokens, wall = sum(len(f.tokens) for f in done), sum(f.wall_s for f in done)
@@ -346,7 +352,7 @@ class DraftNode(rt.Node):
             node_name=self.get_name(), request_id=request_id, mode=mode, tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
             ttft_s=sum(f.ttft_s for f in done) / len(done) if done else 0.0,
-            tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+            tau=mean_tau(rounds),
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
             draft_time_s=sum(f.stats.critical_draft_s for f in done), verify_time_s=sum(f.stats.verify_s for f in done),
             cache_miss_rate=misses / (hits + misses) if hits + misses else 0.0,

@@ -9,11 +9,13 @@ Parameters: chunk_words (words per TokenChunk), stats_period_s.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node, stamp
+from edge_llm_ros.nodes.parameters import declare, param
 
 
 def chunks(text: str, size: int) -> list[str]:
@@ -23,13 +25,17 @@ def chunks(text: str, size: int) -> list[str]:
     return [p + (" " if i < len(pieces) - 1 else "") for i, p in enumerate(pieces)]
 
 
+@dataclasses.dataclass(frozen=True)
+class EchoParams:
+    chunk_words: int = param(1, "words per TokenChunk", low=1, high=1_000_000)
+    stats_period_s: float = param(1.0, "period of the InferenceStats on stats", low=0.001)
+
+
 class EchoNode(rt.Node):
     def __init__(self) -> None:
         super().__init__("echo_node", namespace="edge_llm")
-        self.chunk_words = self.declare_parameter("chunk_words", 1).value
-        period = self.declare_parameter("stats_period_s", 1.0).value
-        if self.chunk_words < 1:
-            raise ValueError(f"chunk_words must be >= 1, got {self.chunk_words}")
+        params = declare(self, EchoParams)
+        self.chunk_words, period = params.chunk_words, params.stats_period_s
         self.String = rt.message("std_msgs/msg/String")
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
@@ -41,7 +47,8 @@ class EchoNode(rt.Node):
         self.create_timer(period, self.publish_stats)
         self.requests = 0
         self.words = 0
-        self.get_logger().info(f"echoing {self.resolve('instruction')} -> {self.resolve('response')}")
+        topics = [self.resolve_topic_name(t) for t in ("instruction", "response")]
+        self.get_logger().info(f"echoing {topics[0]} -> {topics[1]}")
 
     def on_instruction(self, msg) -> None:
         request_id = uuid.uuid4().hex[:12]

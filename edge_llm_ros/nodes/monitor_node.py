@@ -8,18 +8,25 @@ shows the pipeline. A node that has not reported for 3 periods is marked STALE.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node, stamp
+from edge_llm_ros.nodes.parameters import declare, param
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorParams:
+    stats_period_s: float = param(1.0, "period of /diagnostics; a node silent for 3 periods is STALE", low=0.001)
 
 
 class MonitorNode(rt.Node):
     def __init__(self) -> None:
         super().__init__("monitor", namespace="edge_llm")
-        self.period = self.declare_parameter("stats_period_s", 1.0).value
+        self.period = declare(self, MonitorParams).stats_period_s
         self.Array = rt.message("diagnostic_msgs/msg/DiagnosticArray")
         self.Status = rt.message("diagnostic_msgs/msg/DiagnosticStatus")
         self.KeyValue = rt.message("diagnostic_msgs/msg/KeyValue")

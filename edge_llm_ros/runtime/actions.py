@@ -110,7 +110,7 @@ class ActionServer:
                  result_timeout: float = 900.0) -> None:
         self.node = node
         self.spec = registry().action(type_name_of(action_type, "__actiontype__"))
-        self.name = node.resolve(action_name)
+        self.name = node.resolve_topic_name(action_name)
         self._execute = execute_callback
         self._goal_cb = goal_callback or (lambda goal: GoalResponse.ACCEPT)
         self._cancel_cb = cancel_callback or (lambda handle: CancelResponse.REJECT)
@@ -229,7 +229,7 @@ class ActionClient:
     def __init__(self, node: Node, action_type: Any, action_name: str, call_timeout: float = 10.0) -> None:
         self.node = node
         self.spec = registry().action(type_name_of(action_type, "__actiontype__"))
-        self.name = node.resolve(action_name)
+        self.name = node.resolve_topic_name(action_name)
         self.call_timeout = call_timeout
         names = graph.action_names(self.name)
         self._send_goal = node.create_client(self.spec.send_goal.name, names["send_goal"])

@@ -1,4 +1,5 @@
-"""`edge-llm-ros`: a command line shaped like `ros2`.
+"""`edge-llm-ros`'s verbs shaped like `ros2` (edge_llm_ros.cli hands them here; the engine's
+verbs and `demo` it runs itself).
 
     edge-llm-ros launch pipeline [mode:=tree ...]
     edge-llm-ros topic list|echo|pub|hz|info
@@ -7,8 +8,6 @@
     edge-llm-ros action list|send_goal
     edge-llm-ros interface show TYPE
     edge-llm-ros bag record|play|info
-    edge-llm-ros generate|bench|train|plan|export ...   (the engine; see --help of each)
-    edge-llm-ros demo
 
 Exit codes: 0 success, 1 a runtime failure (timeout, server gone), 2 bad
 input (unknown type, malformed YAML, a value out of its field's range, missing
@@ -89,7 +88,7 @@ class Session:
         """The type given, or the one the graph shows for the topic (waiting up to wait_s)."""
         if given:
             return registry().check_message(given)
-        topic = self.node.resolve(topic)
+        topic = self.node.resolve_topic_name(topic)
         deadline = time.monotonic() + wait_s
         while True:
             types = dict(self.node.get_topic_names_and_types()).get(topic)
@@ -122,7 +121,7 @@ def cmd_topic_list(args: argparse.Namespace, s: Session) -> int:
 
 
 def cmd_topic_info(args: argparse.Namespace, s: Session) -> int:
-    topic = s.node.resolve(args.topic)
+    topic = s.node.resolve_topic_name(args.topic)
     entries = [e for e in s.node.graph() if e.name == topic and e.kind in ("MP", "MS")]
     types = sorted({e.ros_type for e in entries})
     print(f"Type: {', '.join(types) or 'unknown'}")
@@ -180,7 +179,7 @@ def cmd_topic_echo(args: argparse.Namespace, s: Session) -> int:
     if failed:
         raise CliError(f"--filter {args.filter_expr!r} failed: {failed[0]!r}")
     if (args.once or args.count) and not stop.is_set():
-        raise CliError(f"no message on {s.node.resolve(args.topic)} within {args.timeout:g} s", EXIT_FAIL)
+        raise CliError(f"no message on {s.node.resolve_topic_name(args.topic)} within {args.timeout:g} s", EXIT_FAIL)
     return EXIT_OK
 
 
@@ -391,7 +390,7 @@ def cmd_bag_record(args: argparse.Namespace, s: Session) -> int:
     with bag.BagWriter(out, storage=args.storage) as writer:
         recorder = bag.Recorder(writer)
         subscribed: set[str] = set()
-        wanted = {s.node.resolve(t) for t in args.topics}
+        wanted = {s.node.resolve_topic_name(t) for t in args.topics}
         deadline = None if args.duration is None else time.monotonic() + args.duration
         next_scan = 0.0
         print(f"[INFO] [bag record]: recording to {out} ({args.storage})", file=sys.stderr, flush=True)
@@ -566,27 +565,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tool(module: str) -> Callable[[list[str]], int]:
-    """A verb implemented in edge_llm_ros.tools.<module>: imported only when used (torch is heavy)."""
-
-    def run(argv: list[str]) -> int:
-        import importlib
-
-        return importlib.import_module(f"edge_llm_ros.tools.{module}").main(argv)
-
-    return run
-
-
-EXTRA_VERBS: dict[str, Callable[[list[str]], int]] = {
-    "generate": _tool("generate"),
-    "bench": _tool("bench"),
-    "train": _tool("train"),
-    "plan": _tool("plan"),
-    "export": _tool("export"),
-}
-"""Verbs that bring their own parser: name -> main(argv)."""
-
-
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     """Say what failed in one line, as argparse says a usage error (`edge-llm-ros topic pub: error: ...`)."""
     prog = " ".join(["edge-llm-ros", args.verb, getattr(args, "sub", "")]).rstrip()
@@ -600,12 +578,6 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher import main as launch_main
 
         return launch_main(argv[1:])
-    if argv and argv[0] == "demo":
-        from ..demo import main as demo_main
-
-        return demo_main(argv[1:])
-    if argv and argv[0] in EXTRA_VERBS:
-        return EXTRA_VERBS[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     from .bag import BagError
     from .params import ParamsError

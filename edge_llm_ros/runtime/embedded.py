@@ -635,7 +635,8 @@ class Node:
         self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
         self._overrides.update(parameter_overrides or {})
         self._parameters: dict[str, Parameter] = {}
-        self._links = NodeLinks(parse_link_params(self._overrides), self.resolve, self._logger)
+        self._descriptors: dict[str, Any] = {}
+        self._links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
         for name, value in self._overrides.items():
             if name.startswith("link_emulation."):
                 self._parameters[name] = Parameter(name, value)
@@ -663,12 +664,16 @@ class Node:
     def get_clock(self) -> Clock:
         return self._clock
 
-    def resolve(self, name: str) -> str:
-        return resolve_name(name, self._namespace, self._name, self.context.ros_args.remaps)
+    def resolve_topic_name(self, name: str, *, only_expand: bool = False) -> str:
+        """rclpy's Node.resolve_topic_name: the name expanded (namespace, ~) and, unless only_expand, remapped."""
+        return resolve_name(name, self._namespace, self._name, None if only_expand else self.context.ros_args.remaps)
 
     # parameters
-    def declare_parameter(self, name: str, default_value: Any = None) -> Parameter:
-        value = self._overrides.get(name, default_value)
+    def declare_parameter(self, name: str, default_value: Any = None, descriptor: Any = None,
+                          ignore_override: bool = False) -> Parameter:
+        """rclpy's signature. The descriptor is kept for callers (``parameter_descriptor``); this
+        backend serves no parameter services, so nothing can change a parameter after start."""
+        value = default_value if ignore_override else self._overrides.get(name, default_value)
         if default_value is not None and value is not None and type(value) is not type(default_value):
             if isinstance(default_value, float) and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
@@ -679,7 +684,13 @@ class Node:
                 )
         param = Parameter(name, value)
         self._parameters[name] = param
+        self._descriptors[name] = descriptor
         return param
+
+    def describe_parameter(self, name: str) -> Any:
+        """The descriptor a parameter was declared with (None: none); rclpy's method of that name."""
+        self.get_parameter(name)
+        return self._descriptors.get(name)
 
     def declare_parameters(self, namespace: str, parameters: list[tuple[str, Any]]) -> list[Parameter]:
         prefix = f"{namespace}." if namespace else ""
@@ -700,18 +711,18 @@ class Node:
 
     def create_publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Publisher:
         name = registry().check_message(type_name_of(msg_type))
-        resolved = self.resolve(topic)
+        resolved = self.resolve_topic_name(topic)
         return self._keep(Publisher(self, name, resolved, _qos(qos), link=self._links.get(resolved)))
 
     def create_subscription(self, msg_type: Any, topic: str, callback: Callable, qos: Any = 10, *, raw: bool = False) -> Subscription:
         name = registry().check_message(type_name_of(msg_type))
-        return self._keep(Subscription(self, name, self.resolve(topic), callback, _qos(qos), raw=raw))
+        return self._keep(Subscription(self, name, self.resolve_topic_name(topic), callback, _qos(qos), raw=raw))
 
     def create_service(self, srv_type: Any, name: str, callback: Callable, qos: Any = 10) -> Service:
-        return self._keep(Service(self, type_name_of(srv_type, "__srvtype__"), self.resolve(name), callback, _qos(qos)))
+        return self._keep(Service(self, type_name_of(srv_type, "__srvtype__"), self.resolve_topic_name(name), callback, _qos(qos)))
 
     def create_client(self, srv_type: Any, name: str, qos: Any = 10) -> Client:
-        return self._keep(Client(self, type_name_of(srv_type, "__srvtype__"), self.resolve(name), _qos(qos)))
+        return self._keep(Client(self, type_name_of(srv_type, "__srvtype__"), self.resolve_topic_name(name), _qos(qos)))
 
     def create_timer(self, period_sec: float, callback: Callable) -> Timer:
         return self._keep(Timer(self, period_sec, callback))
@@ -750,12 +761,23 @@ class Node:
         return _names_and_types(e for e in self.graph() if e.kind in ("SS", "SC"))
 
     def count_publishers(self, topic: str) -> int:
-        topic = self.resolve(topic)
+        topic = self.resolve_topic_name(topic)
         return sum(1 for e in self.graph() if e.kind == "MP" and e.name == topic)
 
     def count_subscribers(self, topic: str) -> int:
-        topic = self.resolve(topic)
+        topic = self.resolve_topic_name(topic)
         return sum(1 for e in self.graph() if e.kind == "MS" and e.name == topic)
+
+    def destroy_entity(self, entity: Any) -> bool:
+        """Undeclare one publisher, subscription, service, client or timer of this node (rclpy's
+        destroy_publisher, destroy_subscription, ... are this); False if it is not this node's."""
+        if entity not in self._entities:
+            return False
+        self._entities.remove(entity)
+        entity.destroy()
+        return True
+
+    destroy_publisher = destroy_subscription = destroy_service = destroy_client = destroy_timer = destroy_entity
 
     def destroy_node(self) -> None:
         self._links.close()  # first: no delivery may reach an undeclared publisher

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -42,9 +43,13 @@ PACKAGE = "edge_llm_ros"
 
 
 def interface_dirs() -> list[Path]:
-    """Where the package's msg/, srv/ and action/ folders are: the source tree, then the install prefix."""
+    """Where the package's msg/, srv/ and action/ folders may be, in order: the source tree; the
+    share/edge_llm_ros of the install prefix this module is in (colcon's install/edge_llm_ros, whose
+    lib/python3.x/site-packages holds it); the virtual environment's; every AMENT_PREFIX_PATH's."""
     here = Path(__file__).resolve().parents[2]
-    return [here, Path(sys.prefix) / "share" / PACKAGE]
+    site = here.parents[2] if len(here.parents) > 2 else here  # <prefix>/lib/python3.x/site-packages
+    ament = [Path(p) for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    return list(dict.fromkeys([here, *(p / "share" / PACKAGE for p in (site, Path(sys.prefix), *ament))]))
 
 
 def _find_interface_root() -> Path:

@@ -38,20 +38,11 @@ from typing import Any, TextIO
 import torch
 
 from edge_llm_ros.core import MODES, GenerationConfig, GenerationStats, chat_prompt, generate, preset
+from edge_llm_ros.core.decoding import eos_ids
+from edge_llm_ros.core.loading import LoadError, NamedDrafter, build_drafter, check_draft_spec, load_target, set_threads
 
 from .generate import Parser, one_line
-from .loading import (
-    Draft,
-    HFAssist,
-    ToolError,
-    add_shape_arguments,
-    build_drafter,
-    check_draft_spec,
-    hf_assist_for,
-    load_target,
-    set_threads,
-    shape_overrides,
-)
+from .loading import HFAssist, ToolError, add_shape_arguments, hf_assist_for, shape_overrides
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
@@ -201,17 +192,17 @@ def run_llama_cpp(llm, ids: list[int], max_new_tokens: int, eos: int | None) -> 
     return Run(tokens, wall, first if first is not None else wall, len(tokens), 0, 0, 0.0, None)
 
 
-def make_runners(target, draft: Draft | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
+def make_runners(target, draft: NamedDrafter | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
                  sampling: dict | None, shape: dict | None = None, llama: LlamaCpp | None = None) -> list[Runner]:
-    eos = getattr(target.tokenizer, "eos_token_id", None)
-    eos_ids = () if eos is None else (int(eos),)
+    stop_ids = eos_ids(target)
+    eos = stop_ids[0] if stop_ids else None  # transformers' and llama.cpp's runs stop at one id
     baseline = HF_GREEDY if sampling is None else HF_SAMPLE
 
     def seed_of(i: int) -> int:
         return SAMPLING_SEED + i
 
     def engine(mode: str, model=target, name: str | None = None, reference: str | None = None) -> Runner:
-        overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, **(shape or {}))
+        overrides = dict(max_new_tokens=max_new_tokens, eos_token_ids=stop_ids, **(shape or {}))
         if sampling is not None:
             overrides.update(sampling)
         config = preset(mode, **overrides)
@@ -336,7 +327,7 @@ def run_section(target, draft, assist, prompts, prompt_ids, modes, max_new_token
 
 def run_bench(
     target,
-    draft: Draft | None,
+    draft: NamedDrafter | None,
     prompts: list[BenchPrompt] | tuple[BenchPrompt, ...] = BENCH_PROMPTS,
     modes: list[str] | tuple[str, ...] = MODES,
     max_new_tokens: int = 128,
@@ -622,7 +613,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
             shape=shape,
             llama=llama,
         )
-    except ToolError as exc:
+    except (ToolError, LoadError) as exc:
         print(f"error: {one_line(exc)}", file=err, flush=True)
         return EXIT_USAGE
     except SystemExit as exc:  # --help

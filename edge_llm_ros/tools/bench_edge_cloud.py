@@ -54,11 +54,12 @@ from pathlib import Path
 from typing import TextIO
 
 from edge_llm_ros.core.llama_backend import llama_cpp_available
+from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 
 from .bench import LOSSLESS_MARK, fmt_value
 from .deployment import Deployment, EventLog, write_report
 from .generate import Parser, one_line
-from .loading import LLAMA_CPP, ToolError, check_draft_spec, resolve_draft_backend
+from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 RTTS_MS = (10.0, 50.0, 120.0)
@@ -480,7 +481,7 @@ def draft_backends(text: str | None, draft: str, modes: list[str]) -> list[str]:
     for backend in backends:
         try:
             check_draft_spec(resolve_draft_backend(backend, draft or None, available=available)[1])
-        except ToolError as exc:
+        except LoadError as exc:
             raise ToolError(f"--draft-backends {backend}: {exc}") from None
     return backends
 

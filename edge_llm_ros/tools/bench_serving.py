@@ -249,6 +249,7 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
 
     from edge_llm_ros.core import chat_prompt
     from edge_llm_ros.core.batching import LlamaBatch
+    from edge_llm_ros.core.decoding import eos_ids
 
     batch = LlamaBatch(model, sequences=max(client_counts), context=CONTEXT, n_threads=threads, n_batch=N_BATCH)
     llm = None
@@ -256,7 +257,8 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
         llm = Llama(model_path=str(model), n_ctx=CONTEXT, n_threads=threads, n_threads_batch=threads,
                     n_batch=N_BATCH, verbose=False)
         tokenizer = batch.tokenizer
-        eos = getattr(tokenizer, "eos_token_id", None)
+        stop_ids = eos_ids(batch)
+        eos = stop_ids[0] if stop_ids else None  # llama.cpp's runs stop at one id
         prompt_ids = [chat_prompt(tokenizer, p.text) for p in prompts]
         with CpuShare() as share:
             solo, baseline = run_baseline(llm, prompt_ids, max_new_tokens, eos)

@@ -41,66 +41,23 @@ from edge_llm_ros.core import (
     preset,
 )
 from edge_llm_ros.core.device_plan import BACKENDS, DevicePlan, PlanError, default_plan_path, load_plan
-
-from .loading import (
+from edge_llm_ros.core.detokenize import IncrementalDecoder
+from edge_llm_ros.core.loading import (
     LLAMA_CPP,
-    Draft,
-    ToolError,
-    add_shape_arguments,
-    build_drafter,
+    LoadError,
+    NamedDrafter,
     check_draft_spec,
-    is_llama_cpp_spec,
-    load_target,
+    load_models,
+    one_line,
     set_threads,
-    shape_overrides,
-    target_vocabulary,
 )
 
+from .loading import ToolError, add_shape_arguments, shape_overrides
+
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
-REPLACEMENT = "\ufffd"
 DEFAULT_MODE = GenerationConfig.mode  # core's default (every mode is lossless; pick one with --mode)
 DEFAULT_BACKEND = "torch"
 TINY_MODEL = "tiny-random-llama"  # what a plan for the --tiny test model names as its model
-
-
-class IncrementalDecoder:
-    """Token ids in, text out as soon as it is final.
-
-    Decodes a short window ``tokens[prefix:]`` and emits what lies beyond the text of
-    ``tokens[prefix:read]`` (the offsets scheme of vLLM's detokenizer): the window keeps
-    the context a decoder needs for spacing, and text ending in U+FFFD (an incomplete
-    UTF-8 sequence) is held back until the next token completes it. ``finish()`` flushes
-    whatever is held. The pieces concatenate to ``tokenizer.decode(all tokens)``.
-    """
-
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.tokens: list[int] = []
-        self.prefix = 0  # window start
-        self.read = 0  # tokens up to here have been emitted
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
-        )
-
-    def push(self, token: int) -> str:
-        """Add one token; return the newly final text ('' while a character is incomplete)."""
-        self.tokens.append(int(token))
-        return self._advance(final=False)
-
-    def finish(self) -> str:
-        """Whatever is still held back (an incomplete character decodes as U+FFFD)."""
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        done = self._decode(self.tokens[self.prefix : self.read])
-        text = self._decode(self.tokens[self.prefix :])
-        if len(text) <= len(done) or (text.endswith(REPLACEMENT) and not final):
-            return ""
-        self.prefix, self.read = self.read, len(self.tokens)
-        return text[len(done) :]
 
 
 def prompt_ids(target, prompt: str, raw: bool) -> list[int]:
@@ -172,7 +129,7 @@ def stream_text(
     return text, tokens, stats
 
 
-def format_stats(stats: GenerationStats, draft: Draft | None, wall_s: float) -> str:
+def format_stats(stats: GenerationStats, draft: NamedDrafter | None, wall_s: float) -> str:
     """One line for ``--stats``: τ, tokens/s, TTFT and where the time went."""
     busy = stats.draft_time_s + stats.verify_time_s
     share = (lambda t: f"{100 * t / busy:.0f}%") if busy > 0 else (lambda t: "-")
@@ -194,10 +151,6 @@ def format_stats(stats: GenerationStats, draft: Draft | None, wall_s: float) -> 
 
 
 # -- command line -------------------------------------------------------------------------------
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class Parser(argparse.ArgumentParser):
@@ -327,29 +280,6 @@ def draft_spec(args: argparse.Namespace, plan: DevicePlan | None) -> str | None:
     return args.draft
 
 
-def load_models(args: argparse.Namespace, backend: str, config: GenerationConfig, threads: int, spec: str | None):
-    """(target on ``backend``, Draft or None). A torch draft for a llama.cpp target is built from the
-    torch target (as bench's ``*_llama_cpp`` rows); with a llama.cpp draft, or for ``ar``, only the
-    GGUF (and its tokenizer) is loaded."""
-    speculative = config.mode != "ar"
-    if backend == "torch":
-        target = load_target(args.model, tiny=args.tiny)
-        return target, build_drafter(spec, target, threads=threads) if speculative else None
-    from edge_llm_ros.core.llama_backend import LlamaCppError, load_llama_cpp
-
-    if args.model is not None and not Path(args.model).exists():
-        raise ToolError(f"model not found: {args.model}")
-    home = None  # what the draft needs of the target, and the tokenizer
-    if speculative:
-        home = target_vocabulary(args.model) if is_llama_cpp_spec(spec) else load_target(args.model)
-    draft = build_drafter(spec, home, threads=threads) if speculative else None
-    try:
-        lm = load_llama_cpp(args.model, n_threads=threads, tokenizer=home.tokenizer if home is not None else "auto")
-    except (OSError, ValueError, LlamaCppError) as exc:
-        raise ToolError(f"cannot load {args.model or 'the default model'} on llama.cpp: {one_line(exc)}") from exc
-    return lm, draft
-
-
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -364,7 +294,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         check_draft_spec(spec)
         backend = choose_backend(args, plan)
         threads = set_threads(args.threads or (plan.threads if plan is not None else None))
-        target, draft = load_models(args, backend, config, threads, spec)
+        target, draft = load_models(args.model, backend, config.mode, threads, spec, tiny=args.tiny)
         stats = GenerationStats()
         start = time.perf_counter()
         tokens = start_generation(target, args.prompt, config, draft.drafter if draft else None, raw=args.raw,
@@ -375,7 +305,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         if args.stats:
             print(format_stats(stats, draft, time.perf_counter() - start), file=err, flush=True)
         return EXIT_OK
-    except ToolError as exc:
+    except (ToolError, LoadError) as exc:
         print(f"error: {one_line(exc)}", file=err, flush=True)
         return EXIT_USAGE
     except SystemExit as exc:  # --help

@@ -28,10 +28,11 @@ from typing import TextIO
 from edge_llm_ros.core import TreeSpec
 from edge_llm_ros.core.device_plan import PLAN_ENV, default_plan_path, save_plan, shape_text
 from edge_llm_ros.core.device_profile import FULL, QUICK, TREE_SHAPES, calibrate
+from edge_llm_ros.core.loading import LoadError, set_threads
 from edge_llm_ros.core.planner import DraftMeasure, TreeMeasure, choose
 
 from .generate import Parser, one_line
-from .loading import ToolError, set_threads
+from .loading import ToolError
 
 __all__ = ["DraftMeasure", "MAX_GAMMA", "QUICK_ROWS", "ROWS", "TREE_SHAPES", "TreeMeasure", "choose", "main",
            "measure"]
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         threads = set_threads(args.threads)
         plan = measure(threads, args.quick, err)
         save_plan(plan, path)
-    except ToolError as exc:
+    except (ToolError, LoadError) as exc:
         print(f"error: {one_line(exc)}", file=err, flush=True)
         return 2
     except OSError as exc:

@@ -223,13 +223,14 @@ def training_data(run: Run) -> Data:
 
 def vocab_subset(run: Run, data: Data, what: str):
     """The ``--vocab-subset`` most frequent response tokens (EOS always in), or None for 0."""
-    from edge_llm_ros.core.training import eos_token_ids, frequent_vocab, vocab_coverage
+    from edge_llm_ros.core.decoding import eos_ids
+    from edge_llm_ros.core.training import frequent_vocab, vocab_coverage
 
     if not run.args.vocab_subset:
         return None
     vocab_size = run.target.vocab_size
     vocab_ids = frequent_vocab(data.train, min(run.args.vocab_subset, vocab_size), vocab_size,
-                               always=eos_token_ids(run.target))
+                               always=eos_ids(run.target))
     log(f"{what} vocabulary: {len(vocab_ids)} most frequent tokens, held-out coverage "
         f"{vocab_coverage(data.heldout, vocab_ids):.3f}")
     return vocab_ids
@@ -237,7 +238,7 @@ def vocab_subset(run: Run, data: Data, what: str):
 
 def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int = 128) -> dict:
     """τ and tokens/s of ``sd`` (γ = ``gamma``) against ``ar`` on the same prompts, greedy; checks losslessness."""
-    from edge_llm_ros.core import GenerationConfig, generate_all
+    from edge_llm_ros.core import GenerationConfig, generate_all, mean_tau
 
     totals = {"ar": [0, 0.0], "sd": [0, 0.0]}
     accepted: list[int] = []
@@ -252,7 +253,7 @@ def measure_speed(target, drafter, prompts, gamma: int = 4, max_new_tokens: int 
             totals[mode][0] += res.stats.new_tokens
             totals[mode][1] += res.stats.total_time_s
     tps = {mode: n / s if s else 0.0 for mode, (n, s) in totals.items()}
-    tau = (sum(accepted) + len(accepted)) / len(accepted) if accepted else 0.0
+    tau = mean_tau(accepted)
     return {"prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new_tokens, "tau": tau,
             "ar_tokens_per_s": tps["ar"], "sd_tokens_per_s": tps["sd"],
             "speedup": tps["sd"] / tps["ar"] if tps["ar"] else 0.0, "lossless": lossless}

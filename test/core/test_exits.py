@@ -192,7 +192,7 @@ def test_resume_continues_where_it_stopped(target, dataset, tmp_path, monkeypatc
 
 
 def test_train_exits_command_on_a_tiny_model(tmp_path, capsys):
-    from edge_llm_ros.tools.loading import build_drafter, tiny_target as byte_target
+    from edge_llm_ros.core.loading import build_drafter, tiny_target as byte_target
     from edge_llm_ros.tools.train import main
 
     model = tmp_path / "model"
@@ -236,16 +236,17 @@ def test_train_exits_command_on_a_tiny_model(tmp_path, capsys):
 
 
 def test_exit_spec_errors_and_the_transformers_view(target, tmp_path):
-    from edge_llm_ros.tools.loading import ToolError, build_drafter, check_draft_spec, hf_assist_for
+    from edge_llm_ros.core.loading import LoadError, build_drafter, check_draft_spec
+    from edge_llm_ros.tools.loading import hf_assist_for
 
     for spec, message in (("exit", "expected exit:K"), ("exit:x", "expected exit:K"), ("exit:0", "K >= 1"),
                           (f"exit:1:{tmp_path / 'none'}", "not found")):
-        with pytest.raises(ToolError, match=message):
+        with pytest.raises(LoadError, match=message):
             check_draft_spec(spec)
     save_exits(randomised(build_exits(target, [1], bottleneck=8), 0.2), tmp_path, target)
-    with pytest.raises(ToolError, match="K must be in"):
+    with pytest.raises(LoadError, match="K must be in"):
         build_drafter(f"exit:4:{tmp_path}", target)
-    with pytest.raises(ToolError, match="no exit at layer 0"):
+    with pytest.raises(LoadError, match="no exit at layer 0"):
         build_drafter(f"exit:1:{tmp_path}", target)
     draft = build_drafter(f"exit:2:{tmp_path}", target)
     # transformers' assisted generation runs the same draft: layers, then the adapter, norm, head

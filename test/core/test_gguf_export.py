@@ -29,9 +29,9 @@ from edge_llm_ros.core.gguf_export import (
     load_llama_drafter,
     read_gguf_string,
 )
+from edge_llm_ros.core.loading import byte_tokenizer
 from edge_llm_ros.core.models import MODEL_CACHE_ENV
 from edge_llm_ros.tools import export
-from edge_llm_ros.tools.loading import byte_tokenizer
 
 PROMPT_FILES = Path(__file__).resolve().parents[2] / "edge_llm_ros" / "data" / "prompts"
 POSITIONS = 400

@@ -95,7 +95,7 @@ DEMO_LINE = re.compile(r"\[demo\] mode (\w+) on (llama\.cpp|torch): (\d+) tokens
 def test_demo_answers_with_smollm2_through_the_launched_pipeline(router_endpoint, tmp_path):
     instruction = "Name one thing a robot needs to see."
     plan = tmp_path / "plan.json"  # none yet: planner_node calibrates and saves one
-    demo = Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "demo", instruction, "--quiet"],
+    demo = Proc([sys.executable, "-m", "edge_llm_ros.cli", "demo", instruction, "--quiet"],
                 env={"EDGE_LLM_ROS_PLAN": str(plan)})
     assert demo.wait(400) == 0, demo.output
     out = demo.output

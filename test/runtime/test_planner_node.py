@@ -95,7 +95,7 @@ def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe
     path = write_plan(tmp_path / "plan.json")
     monkeypatch.setenv(PLAN_ENV, str(path))  # plan_file '' = the default path
     node = planner(calibrate="never")
-    plan = client(probe, PLAN_SRV, node.resolve("plan"))
+    plan = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))
     start = time.monotonic()
     single = plan(deployment="single", objective="latency")
     assert time.monotonic() - start < 1.0
@@ -129,14 +129,14 @@ def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe
 ])
 def test_bad_plan_requests_are_refused_and_the_node_goes_on(planner, probe, tmp_path, fields, message):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
-    bad = client(probe, PLAN_SRV, node.resolve("plan"))(**fields)
+    bad = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))(**fields)
     assert not bad.success and message in bad.message and not bad.candidates
-    assert client(probe, PLAN_SRV, node.resolve("plan"))().success
+    assert client(probe, PLAN_SRV, node.resolve_topic_name("plan"))().success
 
 
 def test_a_late_subscriber_gets_the_published_device_plan(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
-    msg = late_plan(probe, node.resolve("plan"))
+    msg = late_plan(probe, node.resolve_topic_name("plan"))
     assert msg is not None, "no latched plan"
     assert (msg.mode, msg.backend, msg.threads) == ("ar", "llama.cpp", 2)
     assert msg.expected_tokens_per_s == pytest.approx(125.0) and msg.reason.startswith("ar on llama.cpp: 125 tok/s")
@@ -145,40 +145,40 @@ def test_a_late_subscriber_gets_the_published_device_plan(planner, probe, tmp_pa
 
 def test_without_llama_cpp_the_plan_picks_torch(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", allow_llama_cpp=False)
-    msg = late_plan(probe, node.resolve("plan"))
+    msg = late_plan(probe, node.resolve_topic_name("plan"))
     assert msg is not None and msg.backend == "torch" and msg.draft_backend == "torch"
     # torch verifies a 7-node tree for 1.4x one row: the tree wins there
     assert (msg.mode, msg.tree_width, msg.tree_depth, msg.tree_branch, msg.tree_expand) == ("tree", 7, 4, 2, 2)
-    answer = client(probe, PLAN_SRV, node.resolve("plan"))(objective="throughput", concurrency=8)
+    answer = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))(objective="throughput", concurrency=8)
     assert answer.success and answer.plan.backend == "torch"
     assert not any("llama.cpp" in c for c in answer.candidates)
-    refused = client(probe, PROFILE_SRV, node.resolve("profile"))(backend="llama.cpp")
+    refused = client(probe, PROFILE_SRV, node.resolve_topic_name("profile"))(backend="llama.cpp")
     assert not refused.success and "allow_llama_cpp is false" in refused.message
 
 
 def test_calibrate_never_without_a_plan_publishes_nothing_and_says_so(planner, probe, tmp_path):
     node = planner(plan_file=str(tmp_path / "absent.json"), calibrate="never")
-    answer = client(probe, PLAN_SRV, node.resolve("plan"))()
+    answer = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))()
     assert not answer.success and "no device plan" in answer.message
-    assert late_plan(probe, node.resolve("plan"), timeout=1.0) is None
+    assert late_plan(probe, node.resolve_topic_name("plan"), timeout=1.0) is None
     assert not (tmp_path / "absent.json").exists()
 
 
 def test_a_plan_for_another_model_is_not_served_with_calibrate_never(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json", model="/models/other.gguf")), calibrate="never")
-    assert not client(probe, PLAN_SRV, node.resolve("plan"))().success
+    assert not client(probe, PLAN_SRV, node.resolve_topic_name("plan"))().success
 
 
 def test_a_bad_profile_request_is_refused_before_anything_is_loaded(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
-    answer = client(probe, PROFILE_SRV, node.resolve("profile"))(backend="cuda")
+    answer = client(probe, PROFILE_SRV, node.resolve_topic_name("profile"))(backend="cuda")
     assert not answer.success and "backend must be one of torch | llama.cpp ('' = the plan's), got 'cuda'" in answer.message
     assert node.subjects is None
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"calibrate": "sometimes"}, "parameter 'calibrate' must be one of auto | always | never, got 'sometimes'"),
-    ({"threads": -1}, "parameter 'threads' must be >= 0"),
+    ({"calibrate": "sometimes"}, "parameter 'calibrate' must be one of 'auto' | 'always' | 'never', got 'sometimes'"),
+    ({"threads": -1}, "parameter 'threads' must be in [0, 1024], got -1"),
     ({"model": "/no/such/model.gguf"}, "parameter 'model': /no/such/model.gguf not found"),
     ({"allow_llama_cpp": "yes"}, "parameter 'allow_llama_cpp'"),
 ])

@@ -17,6 +17,7 @@ import threading
 
 import pytest
 
+from hosts import BACKENDS, host_for
 from support import REPO, Proc, cli, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
@@ -62,29 +63,28 @@ def solo():
 
 
 @pytest.fixture(scope="module")
-def server(rt_session, router_endpoint, no_plan):
-    """serve_node as a process; yields (process, probe node, action client)."""
-    from edge_llm_ros import runtime as rtf
-
+def server(request, router_endpoint, no_plan):
+    """serve_node as a process on the backend the test names (``indirect``; default the embedded
+    one); yields (process, probe node, action client, node host)."""
+    host = host_for(request, getattr(request, "param", "zenoh"))
     proc = Proc(serve_cmd(f"max_requests:={CAPACITY}", "max_pending:=0", "max_new_tokens:=32",
-                          f"context:={CONTEXT}", "stats_period_s:=0.5"), env=no_plan)
-    probe = rt_session.Node("serve_probe", namespace="edge_llm")
-    client = rtf.ActionClient(probe, rtf.action("edge_llm_ros/action/Generate"), "generate")
+                          f"context:={CONTEXT}", "stats_period_s:=0.5"), env={**no_plan, **host.child_env})
+    probe = host.Node("serve_probe", namespace="edge_llm")
+    client = host.ActionClient(probe, host.action("edge_llm_ros/action/Generate"), "generate")
     try:
         proc.wait_for_line("serving ar on llama.cpp (continuous batching", 180)
+        proc.wait_for_line(f"runtime: {host.backend}", 10)
         assert client.wait_for_server(30)
-        yield proc, probe, client
+        yield proc, probe, client, host
     finally:
         client.destroy()
         probe.destroy_node()
         proc.stop()
 
 
-def send(client, prompt: str, **goal):
+def send(host, client, prompt: str, **goal):
     """Send a Generate goal: (goal handle, feedback list, first-feedback event)."""
-    from edge_llm_ros import runtime as rtf
-
-    Generate = rtf.action("edge_llm_ros/action/Generate")
+    Generate = host.action("edge_llm_ros/action/Generate")
     feedback, first = [], threading.Event()
 
     def on_feedback(msg) -> None:
@@ -102,9 +102,9 @@ def generate_cli(prompt: str, n: int) -> str:
     return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
 
 
+@pytest.mark.parametrize("server", BACKENDS, indirect=True)
 def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
-    proc, probe, client = server
-    from edge_llm_ros import runtime as rtf
+    proc, probe, client, host = server
 
     expected = generate_cli(PROMPTS[0], 32)
     chunks, done = [], threading.Event()
@@ -114,12 +114,12 @@ def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
         if msg.done:
             done.set()
 
-    sub = probe.create_subscription(rtf.message("edge_llm_ros/msg/TokenChunk"), "response", on_chunk, 100)
-    pub = probe.create_publisher(rtf.message("std_msgs/msg/String"), "instruction", 10)
+    sub = probe.create_subscription(host.message("edge_llm_ros/msg/TokenChunk"), "response", on_chunk, 100)
+    pub = probe.create_publisher(host.message("std_msgs/msg/String"), "instruction", 10)
     try:
         wait_until(lambda: pub.get_subscription_count() >= 1 and probe.count_publishers("/edge_llm/response") >= 1,
                    30, "serve_node on instruction and response")
-        pub.publish(rtf.message("std_msgs/msg/String")(data=PROMPTS[0]))
+        pub.publish(host.message("std_msgs/msg/String")(data=PROMPTS[0]))
         assert done.wait(120), "no final TokenChunk"
         assert len({c.request_id for c in chunks}) == 1
         assert "".join(c.text for c in chunks) == expected
@@ -128,9 +128,9 @@ def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
         assert all(stamped_now(c) for c in chunks)
         assert chunks[-1].finish_reason == "length" and not any(c.done for c in chunks[:-1])
     finally:
-        probe.destroy_subscription(sub) if hasattr(probe, "destroy_subscription") else None
+        probe.destroy_subscription(sub)
 
-    handle, feedback, _ = send(client, PROMPTS[0])
+    handle, feedback, _ = send(host, client, PROMPTS[0])
     response = handle.get_result_async().result(120)
     assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
     assert response.result.text == expected and list(response.result.token_ids) == solo(PROMPTS[0], 32)
@@ -141,20 +141,20 @@ def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
 
 
 def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo):
-    proc, probe, client = server
+    proc, probe, client, host = server
     greedy = [(PROMPTS[i], n) for i, n in zip(range(4), (8, 16, 24, 32))]
     sampled = [dict(temperature=0.8, top_k=40, seed=5), dict(temperature=0.8, top_k=40, seed=5),
                dict(temperature=1.2, seed=6)]
-    goals = [send(client, p, max_new_tokens=n) for p, n in greedy]
-    goals += [send(client, PROMPTS[4], max_new_tokens=16, **s) for s in sampled]
-    doomed, doomed_feedback, first = send(client, PROMPTS[1], max_new_tokens=400)
+    goals = [send(host, client, p, max_new_tokens=n) for p, n in greedy]
+    goals += [send(host, client, PROMPTS[4], max_new_tokens=16, **s) for s in sampled]
+    doomed, doomed_feedback, first = send(host, client, PROMPTS[1], max_new_tokens=400)
     assert all(g[0].accepted for g in goals) and doomed.accepted
     assert first.wait(120)
     doomed.cancel_goal_async().result(30)
     cancelled = doomed.get_result_async().result(60)
     assert cancelled.status == STATUS_CANCELED and cancelled.result.finish_reason == "cancelled"
     assert 0 < len(cancelled.result.token_ids) < 400
-    late, _, _ = send(client, PROMPTS[2], max_new_tokens=12)  # the freed slot, while the others run
+    late, _, _ = send(host, client, PROMPTS[2], max_new_tokens=12)  # the freed slot, while the others run
     assert late.accepted
     results = [g[0].get_result_async().result(180) for g in goals]
     for (prompt, n), response in zip(greedy, results):
@@ -167,27 +167,26 @@ def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo):
 
 
 def test_bad_goals_abort_with_the_reason_and_the_node_goes_on(server, solo):
-    proc, probe, client = server
-    long_handle, _, _ = send(client, "robot " * 600)
+    proc, probe, client, host = server
+    long_handle, _, _ = send(host, client, "robot " * 600)
     response = long_handle.get_result_async().result(60)
     assert response.status == STATUS_ABORTED and f"context window is {CONTEXT}" in response.result.finish_reason
-    mode_handle, _, _ = send(client, PROMPTS[0], mode="warp")
+    mode_handle, _, _ = send(host, client, PROMPTS[0], mode="warp")
     response = mode_handle.get_result_async().result(60)
     assert response.status == STATUS_ABORTED and "unknown mode 'warp'" in response.result.finish_reason
     for goal, named in ((dict(temperature=math.nan), "temperature"), (dict(top_p=1.5), "top_p"),
                         (dict(seed=-2), "seed")):
-        handle, _, _ = send(client, PROMPTS[0], **goal)
+        handle, _, _ = send(host, client, PROMPTS[0], **goal)
         response = handle.get_result_async().result(60)
         assert response.status == STATUS_ABORTED and named in response.result.finish_reason
-    ok, _, _ = send(client, PROMPTS[3], max_new_tokens=8)
+    ok, _, _ = send(host, client, PROMPTS[3], max_new_tokens=8)
     assert list(ok.get_result_async().result(60).result.token_ids) == solo(PROMPTS[3], 8)
 
 
 def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
-    proc, probe, client = server
-    from edge_llm_ros import runtime as rtf
+    proc, probe, client, host = server
 
-    Generate = rtf.action("edge_llm_ros/action/Generate")
+    Generate = host.action("edge_llm_ros/action/Generate")
     futures = [client.send_goal_async(Generate.Goal(prompt=PROMPTS[i % 5], max_new_tokens=48)) for i in range(50)]
     handles = [f.result(60) for f in futures]
     accepted = [h for h in handles if h.accepted]
@@ -198,11 +197,10 @@ def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
 
 
 def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
-    proc, probe, client = server
-    from edge_llm_ros import runtime as rtf
+    proc, probe, client, host = server
     from edge_llm_ros.nodes.common import latched_qos
 
-    Plan = rtf.message("edge_llm_ros/msg/Plan")
+    Plan = host.message("edge_llm_ros/msg/Plan")
     pub = probe.create_publisher(Plan, "plan", latched_qos())
     wait_until(lambda: pub.get_subscription_count() >= 1, 30, "serve_node on plan")
     pub.publish(Plan(mode="sd", backend="llama.cpp", gamma=0))
@@ -214,12 +212,12 @@ def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
     pub.publish(Plan(mode="ar", backend="llama.cpp", reason="test: same as before"))
     proc.wait_for_line("plan: now ar on llama.cpp (continuous batching, up to 8 requests per llama_decode) "
                        "(no reload)", 30)
-    handle, _, _ = send(client, PROMPTS[0], max_new_tokens=8)
+    handle, _, _ = send(host, client, PROMPTS[0], max_new_tokens=8)
     assert list(handle.get_result_async().result(60).result.token_ids) == solo(PROMPTS[0], 8)
     # another backend: loaded without a restart; the node serves on torch from then on
     pub.publish(Plan(mode="sd", backend="torch", gamma=2, reason="test: torch now"))
     proc.wait_for_line("plan: loaded torch, now serving sd γ=2 on torch (8 requests interleaved)", 180)
-    handle, _, _ = send(client, PROMPTS[0], max_new_tokens=8)
+    handle, _, _ = send(host, client, PROMPTS[0], max_new_tokens=8)
     response = handle.get_result_async().result(120)
     assert response.status == STATUS_SUCCEEDED and len(response.result.token_ids) == 8
     assert (response.result.stats.mode, response.result.stats.backend) == ("sd", "torch")
@@ -245,9 +243,8 @@ os._exit(0)
 '''
 
 
-def test_a_client_that_dies_mid_goal_frees_its_slot(rt_session, router_endpoint, no_plan, tmp_path):
-    from edge_llm_ros import runtime as rtf
-
+def test_a_client_that_dies_mid_goal_frees_its_slot(request, router_endpoint, no_plan, tmp_path):
+    host = host_for(request)
     proc = Proc(serve_cmd("max_requests:=1", "max_pending:=0", "context:=4096", "client_check_s:=0.5",
                           namespace="/gone"), env=no_plan)
     script = tmp_path / "client.py"
@@ -257,12 +254,12 @@ def test_a_client_that_dies_mid_goal_frees_its_slot(rt_session, router_endpoint,
         dying = Proc([sys.executable, str(script), "/gone"])
         dying.wait_for_line("got feedback, dying", 120)
         proc.wait_for_line("client gone, cancelled", 20)
-        probe = rt_session.Node("gone_probe", namespace="gone")
-        client = rtf.ActionClient(probe, rtf.action("edge_llm_ros/action/Generate"), "generate")
+        probe = host.Node("gone_probe", namespace="gone")
+        client = host.ActionClient(probe, host.action("edge_llm_ros/action/Generate"), "generate")
         try:
             assert client.wait_for_server(30)
             # the only slot is free again once the cancelled goal has ended (its next step)
-            handle = wait_until(lambda: (h := send(client, PROMPTS[0], max_new_tokens=4)[0]).accepted and h, 20,
+            handle = wait_until(lambda: (h := send(host, client, PROMPTS[0], max_new_tokens=4)[0]).accepted and h, 20,
                                 "the dead client's slot")
             assert handle.get_result_async().result(60).status == STATUS_SUCCEEDED
         finally:

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..config import GenerationConfig
-from ..decoding import StopStrings, finish_reason
+from ..config import GenerationConfig, mean_tau
+from ..decoding import StopStrings, eos_ids, finish_reason
 from ..drafters import Drafter, TreeSpec
 from ..sampling import Sampler
 from ..tree import TokenTree
@@ -42,7 +42,7 @@ class EdgeCloudStats:
     @property
     def tau(self) -> float:
         """Tokens per verification round (accepted + 1)."""
-        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else 0.0
+        return mean_tau(self.accepted)
 
     @property
     def miss_rate(self) -> float:
@@ -83,7 +83,7 @@ class _Robot:
     context: list[int]
     limit: int
     window: int
-    eos: set[int]
+    eos: tuple[int, ...]
     stops: StopStrings
     sampler: Sampler
     early_exits: bool = True
@@ -215,7 +215,7 @@ class EarlyExitDrafter:
             tokenizer = getattr(self.drafters[0], "tokenizer", None)
             if config.stop_strings and tokenizer is None:
                 raise ValueError("stop_strings need a tokenizer on the drafter")
-            eos = set(config.eos_token_ids) if config.eos_token_ids is not None else _eos(tokenizer)
+            eos = eos_ids(self.drafters[0], config)
             state = _Robot(config, config.tree_spec(), len(prompt), prompt, min(config.max_new_tokens,
                            window - len(prompt)), window, eos, StopStrings(tokenizer, config.stop_strings),
                            self._proposal_sampler(config), early_exits, send_ahead)
@@ -387,13 +387,6 @@ class EarlyExitDrafter:
     def _count_unused(stats: EdgeCloudStats, cancelled: int, started: int) -> None:
         stats.predrafts_cancelled += cancelled
         stats.predrafts_unused += started
-
-
-def _eos(tokenizer) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
 def _valid_path(tree: TokenTree | None, outcome: VerifyOutcome) -> bool:

@@ -1,0 +1,134 @@
+"""This test process as a node host on either backend, with one interface, so a node scenario runs
+against nodes on the embedded backend and against nodes under rclpy without a copy of the test.
+
+    host.Node(name, namespace=...)                      # rclpy's Node methods on both
+    host.message(name), host.action(name)               # the backend's classes
+    client = host.ActionClient(node, host.action(...), "generate")
+    handle = client.send_goal_async(goal, on_feedback).result(30)   # futures wait with a timeout
+    handle.get_result_async().result(120); handle.cancel_goal_async().result(20)
+    host.child_env                                      # environment for node processes to match
+
+The embedded host is the session's (conftest.rt_session). The rclpy host spins a
+MultiThreadedExecutor on a context of its own in a daemon thread; its futures are rclpy's, wrapped
+so that result(timeout) waits as the embedded backend's do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+
+class EmbeddedHost:
+    backend = "zenoh"
+
+    def __init__(self, embedded: Any) -> None:
+        from edge_llm_ros.runtime.actions import ActionClient
+        from edge_llm_ros.runtime.interfaces import registry
+
+        self._embedded, self._registry, self.ActionClient = embedded, registry(), ActionClient
+        self.child_env = {"EDGE_LLM_BACKEND": "zenoh"}
+
+    def Node(self, name: str, namespace: str = "") -> Any:
+        return self._embedded.Node(name, namespace=namespace)
+
+    def message(self, name: str) -> Any:
+        return self._registry.message_class(name)
+
+    def action(self, name: str) -> Any:
+        return self._embedded.ActionClass(name)
+
+
+class Waitable:
+    """An rclpy future whose result(timeout) waits for it (TimeoutError when it does not come)."""
+
+    def __init__(self, future: Any, wrap=lambda value: value) -> None:
+        self._future, self._wrap, self._done = future, wrap, threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+        return self._wrap(self._future.result())
+
+
+class GoalHandle:
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.accepted = handle.accepted
+
+    def get_result_async(self) -> Waitable:
+        return Waitable(self._handle.get_result_async())
+
+    def cancel_goal_async(self) -> Waitable:
+        return Waitable(self._handle.cancel_goal_async())
+
+
+class RclpyActionClient:
+    def __init__(self, node: Any, action_type: Any, name: str) -> None:
+        from rclpy.action import ActionClient
+
+        self._client = ActionClient(node, action_type, name)
+        self._node = node
+
+    def wait_for_server(self, timeout_sec: float) -> bool:
+        return self._client.wait_for_server(timeout_sec=timeout_sec)
+
+    def send_goal_async(self, goal: Any, feedback_callback=None) -> Waitable:
+        return Waitable(self._client.send_goal_async(goal, feedback_callback=feedback_callback), GoalHandle)
+
+    def destroy(self) -> None:
+        self._client.destroy()
+
+
+class RclpyHost:
+    backend = "rclpy"
+
+    def __init__(self, domain_id: int) -> None:
+        import rclpy
+        from rclpy.context import Context
+        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.signals import SignalHandlerOptions
+
+        self._rclpy = rclpy
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
+        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self._thread = threading.Thread(target=self.executor.spin, daemon=True, name="rclpy-host")
+        self._thread.start()
+        self.ActionClient = RclpyActionClient
+        self.child_env = {"EDGE_LLM_BACKEND": "rclpy", "ROS_DOMAIN_ID": str(domain_id)}
+
+    def Node(self, name: str, namespace: str = "") -> Any:
+        from rclpy.node import Node
+
+        node = Node(name, namespace=namespace, context=self.context)
+        self.executor.add_node(node)
+        return node
+
+    def message(self, name: str) -> Any:
+        return self._type(name, "msg")
+
+    def action(self, name: str) -> Any:
+        return self._type(name, "action")
+
+    @staticmethod
+    def _type(name: str, kind: str) -> Any:
+        package, _, cls = name.split("/")
+        return getattr(importlib.import_module(f"{package}.{kind}"), cls)
+
+    def close(self) -> None:
+        self.executor.shutdown(5)
+        self._rclpy.try_shutdown(context=self.context)
+        self._thread.join(5)
+
+
+BACKENDS = ("zenoh", "rclpy")
+
+
+def host_for(request: Any, backend: str = "zenoh") -> Any:
+    """The session's node host for ``backend`` (zenoh: the embedded backend), from conftest's fixtures."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return request.getfixturevalue("embedded_host" if backend == "zenoh" else "rclpy_host")
