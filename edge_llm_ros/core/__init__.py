@@ -21,6 +21,7 @@ from .edge_cloud import (
     SpeculationMissed,
     VerifyOutcome,
     projected_speedup,
+    robot_rounds,
     run_edge_cloud,
     stream_edge_cloud,
 )
@@ -106,7 +107,7 @@ __all__ = [
     "mean_tau",
     "preset",
     "projected_speedup",
-    "run_edge_cloud",
+    "robot_rounds", "run_edge_cloud",
     "save_draft",
     "save_exits",
     "stream_edge_cloud",

@@ -227,7 +227,7 @@ class DraftNode(rt.Node):
     def stream(self, prompt: str, mode: str, config, finished: Finished):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
         VerifierTimeout, DraftRejectedError or ValueError (bad prompt / outcome)."""
-        from edge_llm_ros.core import EDGE_MODES
+        from edge_llm_ros.core import EDGE_MODES, robot_rounds
         from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         if not prompt.strip():
@@ -237,15 +237,9 @@ class DraftNode(rt.Node):
         started = time.monotonic()
         self.inboxes[rid] = inbox
         try:
-            draft = self.drafter.start(rid, self.prompt_ids(prompt), config, early_exits=early_exits,
-                                       send_ahead=send_ahead)
-            while True:
-                if draft is not None:
-                    self.send_draft(draft)
-                step, final = None, None
-                while step is None:  # stale or duplicated finals are ignored by the drafter
-                    final = self.await_final(inbox, len(finished.tokens))
-                    step = self.drafter.on_final(final)
+            for step, final in robot_rounds(self.drafter, rid, self.prompt_ids(prompt), config, send=self.send_draft,
+                                            await_final=lambda: self.await_final(inbox, len(finished.tokens)),
+                                            early_exits=early_exits, send_ahead=send_ahead):
                 if not finished.tokens:
                     finished.ttft_s = time.monotonic() - started
                 finished.tokens += step.tokens
@@ -254,9 +248,6 @@ class DraftNode(rt.Node):
                     text += decoder.finish()
                     finished.reason = step.finish_reason
                 yield Step(step.tokens, text, final.probs[: len(step.tokens)])
-                if step.finish_reason:
-                    return
-                draft = step.draft
         finally:
             self.inboxes.pop(rid, None)
             finished.stats = self.drafter.end(rid)

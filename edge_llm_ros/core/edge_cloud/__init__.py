@@ -42,7 +42,7 @@ from .records import (
     SpeculationMissed,
     VerifyOutcome,
 )
-from .robot import EDGE_MODES, EarlyExitDrafter, EdgeCloudStats, FinalStep
+from .robot import EDGE_MODES, EarlyExitDrafter, EdgeCloudStats, FinalStep, robot_rounds
 from .send_queue import OutcomeSendQueue
 from .server import EarlyExitVerifier, VerifierStats
 from .speedup import projected_speedup
@@ -51,5 +51,5 @@ __all__ = [
     "CacheKey", "Deliver", "DraftInbox", "DraftError", "DraftRejectedError", "DraftRequest", "EDGE_MODES", "EarlyExitDrafter",
     "EarlyExitVerifier", "EdgeCloudResult", "EdgeCloudStats", "FinalStep", "Link", "MAX_REQUEST_ID", "MAX_TOPK", "PROPOSAL_TOP_K", "OutcomeSendQueue",
     "PreDraft", "PreDraftCache", "ROW_SUM_TOLERANCE", "RequestLimitError", "SpeculationMissed", "VerifierStats",
-    "VerifyOutcome", "direct_link", "projected_speedup", "run_edge_cloud", "stream_edge_cloud",
+    "VerifyOutcome", "direct_link", "projected_speedup", "robot_rounds", "run_edge_cloud", "stream_edge_cloud",
 ]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import GenerationConfig
 from .records import DraftRequest, SpeculationMissed, VerifyOutcome
-from .robot import EarlyExitDrafter, EdgeCloudStats
+from .robot import EarlyExitDrafter, EdgeCloudStats, robot_rounds
 from .server import EarlyExitVerifier
 
 Deliver = Callable[[VerifyOutcome], None]
@@ -57,32 +57,27 @@ def stream_edge_cloud(
         else:
             drafter.on_early(outcome)
 
+    def await_final() -> VerifyOutcome:
+        while to_server:  # the server: verify what came up, in order
+            draft = to_server.popleft()
+            try:
+                for outcome in verifier.verify(draft):
+                    link(outcome, receive)
+            except SpeculationMissed:
+                continue
+            follow = verifier.follow_up(draft.request_id)
+            if follow is not None:
+                to_server.append(follow)
+        try:
+            return inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"no final outcome for {request_id!r} within {timeout_s} s") from None
+
     sender, drafter.sender = drafter.sender, to_server.append  # this loop is the uplink while it runs
     try:
-        to_server.append(drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead))
-        while True:
-            while to_server:  # the server: verify what came up, in order
-                draft = to_server.popleft()
-                try:
-                    for outcome in verifier.verify(draft):
-                        link(outcome, receive)
-                except SpeculationMissed:
-                    continue
-                follow = verifier.follow_up(draft.request_id)
-                if follow is not None:
-                    to_server.append(follow)
-            step = None
-            while step is None:  # a stale or duplicated final is ignored; wait for this round's
-                try:
-                    final = inbox.get(timeout=timeout_s)
-                except queue.Empty:
-                    raise TimeoutError(f"no final outcome for {request_id!r} within {timeout_s} s") from None
-                step = drafter.on_final(final)
+        for step, _final in robot_rounds(drafter, request_id, prompt_ids, config, send=to_server.append,
+                                         await_final=await_final, early_exits=early_exits, send_ahead=send_ahead):
             yield from step.tokens
-            if step.finish_reason:
-                break
-            if step.draft is not None:
-                to_server.append(step.draft)
     finally:
         stats = drafter.end(request_id)
         drafter.sender = sender

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig, mean_tau
@@ -402,3 +402,23 @@ def _valid_path(tree: TokenTree | None, outcome: VerifyOutcome) -> bool:
     return True
 
 
+def robot_rounds(drafter: EarlyExitDrafter, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig,
+                 *, send: Callable[[DraftRequest], None], await_final: Callable[[], VerifyOutcome],
+                 early_exits: bool = True, send_ahead: bool = False) -> Iterator[tuple[FinalStep, VerifyOutcome]]:
+    """The robot's side of one request (EE Algorithm 1), whatever carries the messages: start it,
+    ``send`` each round's draft, take finals from ``await_final()`` (which returns the next one, or
+    raises when none comes) until one commits this round, and yield (step, its final outcome) for
+    each round until one finishes. Stale and duplicated finals are ignored (the drafter returns no
+    step for them). The caller ends the request (``drafter.end``) when it is done with it."""
+    draft = drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead)
+    while True:
+        if draft is not None:
+            send(draft)
+        step = final = None
+        while step is None:
+            final = await_final()
+            step = drafter.on_final(final)
+        yield step, final
+        if step.finish_reason:
+            return
+        draft = step.draft
