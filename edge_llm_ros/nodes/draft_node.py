@@ -159,7 +159,7 @@ class DraftNode(rt.Node):
         self.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
-                                             goal_callback=self.admit_goal,
+                                             max_goals=self.max_requests, goal_callback=self.admit_goal,
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         if stats_period > 0:
             self.create_timer(stats_period, self.publish_recent_stats)

@@ -107,7 +107,9 @@ class ActionServer:
 
     def __init__(self, node: Node, action_type: Any, action_name: str, execute_callback: Callable,
                  goal_callback: Callable | None = None, cancel_callback: Callable | None = None,
-                 result_timeout: float = 900.0) -> None:
+                 result_timeout: float = 900.0, max_goals: int | None = None) -> None:
+        """``max_goals``: how many goals may run at once (the rclpy backend sizes its executor by
+        it); here every goal runs on a thread of its own anyway."""
         self.node = node
         self.spec = registry().action(type_name_of(action_type, "__actiontype__"))
         self.name = node.resolve_topic_name(action_name)
