@@ -7,12 +7,10 @@ import os
 import random
 import subprocess
 import threading
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
-from support import REPO, Proc, python_module, wait_until
+from support import REPO, Proc, check_loopback_only, python_module, wait_until
 
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this
 # process and every child; tests choose the backend themselves (the `host` fixture).
@@ -52,42 +50,6 @@ def rt_session(router_endpoint):
     stop.set()
     thread.join(5)
     embedded.shutdown()
-
-
-def check_loopback_only(env: dict) -> None:
-    """Fail unless DDS in ``env`` stays on this machine: discovery range LOCALHOST and a Fast DDS
-    profile (the default participant profile) with no builtin transports, UDP only through
-    127.0.0.1, every locator and initial peer 127.0.0.1, no multicast."""
-    problems = []
-    if env.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "LOCALHOST":
-        problems.append(f"ROS_AUTOMATIC_DISCOVERY_RANGE is {env.get('ROS_AUTOMATIC_DISCOVERY_RANGE')!r}, not LOCALHOST")
-    if env.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp") != "rmw_fastrtps_cpp":
-        problems.append(f"RMW_IMPLEMENTATION is {env['RMW_IMPLEMENTATION']!r}: the loopback profile is Fast DDS's")
-    if any(peer.strip() not in ("", "127.0.0.1", "localhost") for peer in env.get("ROS_STATIC_PEERS", "").split(";")):
-        problems.append(f"ROS_STATIC_PEERS names other hosts: {env['ROS_STATIC_PEERS']!r}")
-    profile = Path(env.get("FASTRTPS_DEFAULT_PROFILES_FILE", ""))
-    if not profile.is_file():
-        problems.append(f"FASTRTPS_DEFAULT_PROFILES_FILE is not a file: {str(profile)!r}")
-    else:
-        root = ET.parse(profile).getroot()
-        tags = {el.tag.split("}")[-1]: el for el in root.iter()}
-        texts = lambda tag: [el.text.strip() for el in root.iter() if el.tag.split("}")[-1] == tag and el.text]
-        participants = [el for el in root.iter() if el.tag.endswith("participant") and el.get("is_default_profile") == "true"]
-        if not participants:
-            problems.append(f"{profile}: no default participant profile")
-        if texts("useBuiltinTransports") != ["false"]:
-            problems.append(f"{profile}: builtin transports are not off")
-        if any(addr != "127.0.0.1" for addr in texts("address")) or not texts("address"):
-            problems.append(f"{profile}: an address other than 127.0.0.1: {texts('address')}")
-        if any("ulticast" in tag for tag in tags):
-            problems.append(f"{profile}: a multicast setting")
-        for desc in (el for el in root.iter() if el.tag.endswith("transport_descriptor")):
-            kind = next((c.text for c in desc if c.tag.endswith("type")), "")
-            white = [c for c in desc.iter() if c.tag.endswith("interfaceWhiteList")]
-            if kind.startswith("UDP") and not white:
-                problems.append(f"{profile}: a {kind} transport without an interface whitelist")
-    if problems:
-        pytest.fail("refusing to run DDS off loopback: " + "; ".join(problems))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Test data from real ROS 2 installations: shared/ beside the checkout (as CI lays it out).
@@ -104,3 +107,42 @@ def stamped_now(msg, within_s: float = 120.0) -> bool:
     """True when ``msg.header.stamp`` is the system time of about now (a node stamped it as it published)."""
     stamp = msg.header.stamp
     return abs(stamp.sec + stamp.nanosec * 1e-9 - time.time()) < within_s
+
+
+def check_loopback_only(env: dict) -> None:
+    """Fail unless DDS in ``env`` stays on this machine: discovery range LOCALHOST and a Fast DDS
+    profile (the default participant profile) with no builtin transports, UDP only through
+    127.0.0.1, every locator and initial peer 127.0.0.1, no multicast."""
+    problems = []
+    if env.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "LOCALHOST":
+        problems.append(f"ROS_AUTOMATIC_DISCOVERY_RANGE is {env.get('ROS_AUTOMATIC_DISCOVERY_RANGE')!r}, not LOCALHOST")
+    if env.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp") != "rmw_fastrtps_cpp":
+        problems.append(f"RMW_IMPLEMENTATION is {env['RMW_IMPLEMENTATION']!r}: the loopback profile is Fast DDS's")
+    if any(peer.strip() not in ("", "127.0.0.1", "localhost") for peer in env.get("ROS_STATIC_PEERS", "").split(";")):
+        problems.append(f"ROS_STATIC_PEERS names other hosts: {env['ROS_STATIC_PEERS']!r}")
+    profile = Path(env.get("FASTRTPS_DEFAULT_PROFILES_FILE", ""))
+    if not profile.is_file():
+        problems.append(f"FASTRTPS_DEFAULT_PROFILES_FILE is not a file: {str(profile)!r}")
+    else:
+        root = ET.parse(profile).getroot()
+        tags = {el.tag.split("}")[-1] for el in root.iter()}
+
+        def texts(tag: str) -> list[str]:
+            return [el.text.strip() for el in root.iter() if el.tag.split("}")[-1] == tag and el.text]
+
+        participants = [el for el in root.iter() if el.tag.endswith("participant") and el.get("is_default_profile") == "true"]
+        if not participants:
+            problems.append(f"{profile}: no default participant profile")
+        if texts("useBuiltinTransports") != ["false"]:
+            problems.append(f"{profile}: builtin transports are not off")
+        if any(addr != "127.0.0.1" for addr in texts("address")) or not texts("address"):
+            problems.append(f"{profile}: an address other than 127.0.0.1: {texts('address')}")
+        if any("ulticast" in tag for tag in tags):
+            problems.append(f"{profile}: a multicast setting")
+        for desc in (el for el in root.iter() if el.tag.endswith("transport_descriptor")):
+            kind = next((c.text for c in desc if c.tag.endswith("type")), "")
+            white = [c for c in desc.iter() if c.tag.endswith("interfaceWhiteList")]
+            if kind.startswith("UDP") and not white:
+                problems.append(f"{profile}: a {kind} transport without an interface whitelist")
+    if problems:
+        pytest.fail("refusing to run DDS off loopback: " + "; ".join(problems))
