@@ -113,7 +113,8 @@ class ServeNode(rt.Node):
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.create_subscription(rt.message("edge_llm_ros/msg/Plan"), "plan", self.on_plan, latched_qos())
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
-                                             max_goals=self.params.max_requests + self.params.max_pending, goal_callback=self.admit_goal,
+                                             max_goals=self.params.max_requests + self.params.max_pending,
+                                             goal_callback=self.admit_goal,
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         from edge_llm_ros.runtime import graph
 

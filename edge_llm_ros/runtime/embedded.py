@@ -635,7 +635,6 @@ class Node:
         self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
         self._overrides.update(parameter_overrides or {})
         self._parameters: dict[str, Parameter] = {}
-        self._descriptors: dict[str, Any] = {}
         self._links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
         for name, value in self._overrides.items():
             if name.startswith("link_emulation."):
@@ -671,8 +670,9 @@ class Node:
     # parameters
     def declare_parameter(self, name: str, default_value: Any = None, descriptor: Any = None,
                           ignore_override: bool = False) -> Parameter:
-        """rclpy's signature. The descriptor is kept for callers (``parameter_descriptor``); this
-        backend serves no parameter services, so nothing can change a parameter after start."""
+        """rclpy's signature. The descriptor is not kept: this backend serves no parameter services,
+        so nothing can describe or change a parameter after start (nodes/parameters.py checks the
+        ranges itself)."""
         value = default_value if ignore_override else self._overrides.get(name, default_value)
         if default_value is not None and value is not None and type(value) is not type(default_value):
             if isinstance(default_value, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -684,13 +684,7 @@ class Node:
                 )
         param = Parameter(name, value)
         self._parameters[name] = param
-        self._descriptors[name] = descriptor
         return param
-
-    def describe_parameter(self, name: str) -> Any:
-        """The descriptor a parameter was declared with (None: none); rclpy's method of that name."""
-        self.get_parameter(name)
-        return self._descriptors.get(name)
 
     def declare_parameters(self, namespace: str, parameters: list[tuple[str, Any]]) -> list[Parameter]:
         prefix = f"{namespace}." if namespace else ""

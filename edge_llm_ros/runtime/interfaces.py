@@ -47,9 +47,9 @@ def interface_dirs() -> list[Path]:
     share/edge_llm_ros of the install prefix this module is in (colcon's install/edge_llm_ros, whose
     lib/python3.x/site-packages holds it); the virtual environment's; every AMENT_PREFIX_PATH's."""
     here = Path(__file__).resolve().parents[2]
-    site = here.parents[2] if len(here.parents) > 2 else here  # <prefix>/lib/python3.x/site-packages
+    prefix = here.parents[2] if len(here.parents) > 2 else here  # here is <prefix>/lib/python3.x/site-packages
     ament = [Path(p) for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
-    return list(dict.fromkeys([here, *(p / "share" / PACKAGE for p in (site, Path(sys.prefix), *ament))]))
+    return list(dict.fromkeys([here, *(p / "share" / PACKAGE for p in (prefix, Path(sys.prefix), *ament))]))
 
 
 def _find_interface_root() -> Path:
