@@ -2,7 +2,7 @@
 
     edge-llm-ros generate|bench|train|plan|export ...   the engine (edge_llm_ros.tools; see --help of each)
     edge-llm-ros demo                                   the pipeline, from one instruction (edge_llm_ros.demo)
-    edge-llm-ros launch|topic|node|service|action|interface|bag ...
+    edge-llm-ros launch|topic|node|service|lifecycle|action|interface|bag ...
                                                         shaped like `ros2` (edge_llm_ros.runtime.cli)
 
 A verb's module is imported only when it runs (the engine's torch is heavy, the runtime's Zenoh

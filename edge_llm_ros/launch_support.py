@@ -11,6 +11,11 @@ argument has one default); `name:=value` still overrides it on each node,
 whose own value is the fallback. `launch` and `launch_ros` are imported inside
 describe(), so this module imports without ROS 2.
 
+A `lifecycle` node (a managed one, nodes/managed.py) is a launch_ros LifecycleNode started with
+`autostart` false; the launch configures it when its process starts (again after a respawn) and
+activates it when a configure succeeds, through launch_ros' ChangeState events and the node's
+transition events (OnStateTransition), so it is active without anyone calling `ros2 lifecycle`.
+
 A node's `respawn`, `respawn_delay` and `respawn_max_retries` go to launch_ros'
 Node as they are (launch restarts the process itself). A `required` node gets
 an on_exit Shutdown; launch emits that exit event on every exit, also the ones
@@ -48,7 +53,7 @@ def describe(nodes: list[dict[str, Any]], config: str):
     from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, Shutdown
     from launch.substitutions import LaunchConfiguration
-    from launch_ros.actions import Node
+    from launch_ros.actions import LifecycleNode, Node
 
     source = Path(f"<{config} launch>")
     specs = [NodeSpec.from_entry(entry, source) for entry in nodes]
@@ -76,10 +81,35 @@ def describe(nodes: list[dict[str, Any]], config: str):
             extra["prefix"] = shlex.join(spec.prefix)
         if spec.respawn:
             extra.update(respawn=True, respawn_delay=spec.respawn_delay, respawn_max_retries=spec.respawn_max_retries)
-        actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
-                            namespace=spec.namespace or None, parameters=[str(params_file), overrides],
-                            remappings=spec.remappings, output="screen", **extra))
+        if spec.lifecycle:
+            node = LifecycleNode(package=PACKAGE, executable=spec.executable, name=spec.name,
+                                 namespace=spec.namespace, parameters=[str(params_file), overrides, {"autostart": False}],
+                                 remappings=spec.remappings, output="screen", **extra)
+            actions += [node, *_bring_up(node)]
+        else:
+            actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
+                                namespace=spec.namespace or None, parameters=[str(params_file), overrides],
+                                remappings=spec.remappings, output="screen", **extra))
     return LaunchDescription(actions)
+
+
+def _bring_up(node) -> list:
+    """Event handlers that configure a LifecycleNode when its process starts and activate it when a
+    configure succeeded (its transition event from configuring to inactive)."""
+    from launch.actions import EmitEvent, RegisterEventHandler
+    from launch.event_handlers import OnProcessStart
+    from launch.events import matches_action
+    from launch_ros.event_handlers import OnStateTransition
+    from launch_ros.events.lifecycle import ChangeState
+    from lifecycle_msgs.msg import Transition
+
+    def change(transition_id: int):
+        return EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node), transition_id=transition_id))
+
+    return [RegisterEventHandler(OnProcessStart(target_action=node, on_start=[change(Transition.TRANSITION_CONFIGURE)])),
+            RegisterEventHandler(OnStateTransition(target_lifecycle_node=node, start_state="configuring",
+                                                   goal_state="inactive",
+                                                   entities=[change(Transition.TRANSITION_ACTIVATE)]))]
 
 
 def _shutdown_on_last_exit(spec: NodeSpec, Shutdown):

@@ -19,9 +19,9 @@ is respawned during shutdown.
 CONFIG = "edge_cloud.yaml"
 
 NODES = [
-    {"executable": "verifier_node", "name": "verifier_node", "namespace": "edge_llm",
+    {"executable": "verifier_node", "name": "verifier_node", "namespace": "edge_llm", "lifecycle": True,
      "required": False, "respawn": True, "respawn_delay": 1.0},
-    {"executable": "draft_node", "name": "draft_node", "namespace": "edge_llm",
+    {"executable": "draft_node", "name": "draft_node", "namespace": "edge_llm", "lifecycle": True,
      "required": False, "respawn": True, "respawn_delay": 1.0},
 ]
 

@@ -16,7 +16,7 @@ CONFIG = "pipeline.yaml"
 
 NODES = [
     {"executable": "planner_node", "name": "planner_node", "namespace": "edge_llm", "required": True},
-    {"executable": "serve_node", "name": "serve_node", "namespace": "edge_llm", "required": True},
+    {"executable": "serve_node", "name": "serve_node", "namespace": "edge_llm", "lifecycle": True, "required": True},
     {"executable": "monitor_node", "name": "monitor", "namespace": "edge_llm", "required": True},
 ]
 

@@ -48,25 +48,33 @@ def start_malloc_trimmer(period_s: float = TRIM_PERIOD_S) -> threading.Thread | 
     (glibc's malloc_trim: the memory a burst of traffic used and freed, kept by the allocator
     otherwise); None where that is not glibc. The call releases the GIL (ctypes) and takes a few
     milliseconds on a node's heap."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    if not trim_heap():
         return None
 
     def trim() -> None:
         while True:
             time.sleep(period_s)
-            libc.malloc_trim(0)
+            trim_heap()
 
     thread = threading.Thread(target=trim, daemon=True, name="malloc-trim")
     thread.start()
     return thread
 
 
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the OS now (glibc's malloc_trim); False where that is not glibc."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
     """rclpy's usual main: init, make the node, spin until Ctrl-C / SIGTERM, clean up.
 
-    A bad parameter or params file ends the process with a one-line error and
-    exit code 2, as a CLI would. Malloc arenas are capped first (limit_malloc_arenas).
+    A bad parameter or params file, or a managed node with `autostart` whose configure fails
+    (nodes/managed.py), ends the process with a one-line error and exit code 2, as a CLI would. Malloc arenas are capped first (limit_malloc_arenas).
     """
     limit_malloc_arenas()
     start_malloc_trimmer()
@@ -78,6 +86,14 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
         rt.shutdown()
         return 2
     node.get_logger().info(f"runtime: {rt.BACKEND} ({rt.WHY})")
+    if getattr(getattr(node, "params", None), "autostart", False):  # a managed node (nodes/managed.py)
+        try:
+            node.bring_up()
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            node.destroy_node()
+            rt.shutdown()
+            return 2
     try:
         rt.spin(node)
     except KeyboardInterrupt:

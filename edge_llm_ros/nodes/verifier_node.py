@@ -20,6 +20,11 @@ autoregressive decoding (`cloud_tokens`: each generated token is one round, queu
 requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
 robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
 
+Lifecycle (nodes/managed.py): configure loads the target and its exits and starts the verify
+thread, activate serves, deactivate answers every new draft with a VerifyResult whose error starts
+"inactive:" (the robot's request ends with it), cleanup frees the model. With `autostart` (the
+default) it goes to active by itself.
+
 Parameters: VerifierParams below, all read-only (a change needs a restart).
 """
 
@@ -30,12 +35,13 @@ import threading
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, run_node, stamp, to_message
-from edge_llm_ros.nodes.parameters import declare, param
+from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
+from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierParams:
+class VerifierParams(ManagedParams):
     model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF)")
     exits: str = param("", "the trained exits ('' = the shipped ones for the target)")
     exit_layers: str = param("", "comma-separated exit layers to use, e.g. 16,24 ('' = every exit in exits)")
@@ -56,68 +62,97 @@ class VerifierParams:
                              f"got {self.exit_layers!r}") from None
 
 
-class VerifierNode(rt.Node):
+class VerifierNode(ManagedNode):
     def __init__(self) -> None:
-        super().__init__("verifier_node", namespace="edge_llm")
-        import torch
+        from edge_llm_ros.core import OutcomeSendQueue
 
-        from edge_llm_ros.core import DraftInbox, EarlyExitVerifier, OutcomeSendQueue, load_exits, load_model
-        from edge_llm_ros.core.decoding import eos_ids
-
-        params = declare(self, VerifierParams)
-        model, exits_path, min_confidence = params.model, params.exits, params.min_confidence
-        self.max_requests, max_pending, threads = params.max_requests, params.max_pending, params.threads
-        self.idle_timeout_s = params.idle_timeout_s
-        if threads:
-            torch.set_num_threads(threads)
-        layers = params.layers()
-        target = load_model(model or None)
-        exits = load_exits(target, exits_path or None)
-        self.verifier = EarlyExitVerifier(target, exits, layers=layers, min_confidence=min_confidence,
-                                          max_requests=self.max_requests, eos_ids=eos_ids(target))
-        self.dropped_speculative = 0
+        super().__init__("verifier_node", VerifierParams)
+        self.verifier = self.inbox = self.verify_worker = None  # while configured
+        self.dropped_speculative = self.refused_busy = self.rejected = 0
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
         self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
-        self.outbox = OutcomeSendQueue()
-        self.inbox = DraftInbox(max_new=max_pending, max_live=max(64, 8 * self.max_requests))
-        self.refused_busy = self.rejected = 0
+        self.outbox = OutcomeSendQueue()  # in every state: a draft to an inactive verifier is answered
         self.stopping = threading.Event()
-        self.create_timer(max(1.0, self.idle_timeout_s / 4), lambda: self.inbox.put(("expire", None), live=True))
-        self.workers = [threading.Thread(target=loop, daemon=True, name=name)
-                        for loop, name in ((self.verify_loop, "verify"), (self.send_loop, "send"))]
-        for worker in self.workers:
-            worker.start()
+        idle_timeout_s = self.params.idle_timeout_s
+        self.create_timer(max(1.0, idle_timeout_s / 4), lambda: self.put(("expire", None), live=True))
+        self.send_worker = threading.Thread(target=self.send_loop, daemon=True, name="send")
+        self.send_worker.start()
+
+    def load(self) -> str:
+        import torch
+
+        from edge_llm_ros.core import DraftInbox, EarlyExitVerifier, load_exits, load_model
+        from edge_llm_ros.core.decoding import eos_ids
+
+        p = self.params
+        if p.threads:
+            torch.set_num_threads(p.threads)
+        target = load_model(p.model or None)
+        exits = load_exits(target, p.exits or None)
+        self.verifier = EarlyExitVerifier(target, exits, layers=p.layers(), min_confidence=p.min_confidence,
+                                          max_requests=p.max_requests, eos_ids=eos_ids(target))
+        self.inbox = DraftInbox(max_new=p.max_pending, max_live=max(64, 8 * p.max_requests))
+        self.stopping.clear()
+        self.verify_worker = threading.Thread(target=self.verify_loop, args=(self.inbox,), daemon=True,
+                                              name="verify")
+        self.verify_worker.start()
         draft, verify = self.resolve_topic_name("draft"), self.resolve_topic_name("verify")
-        self.get_logger().info(f"verifying {draft} -> {verify} with exits at layers "
-                               f"{list(self.verifier.exit_layers)} of {len(target.layer_ids)}")
+        return (f"verifying {draft} -> {verify} with exits at layers {list(self.verifier.exit_layers)} "
+                f"of {len(target.layer_ids)}")
+
+    def unload(self) -> None:
+        """Stop the verify thread (the draft being verified finishes first) and drop the model."""
+        self.stopping.set()
+        if self.inbox is not None:
+            self.inbox.close()
+        if self.verify_worker is not None:
+            self.verify_worker.join(timeout=10)
+        self.verifier = self.inbox = self.verify_worker = None
+
+    def put(self, work, live: bool) -> bool:
+        """Queue work for the verify thread; False if its lane is full (or nothing is loaded)."""
+        inbox = self.inbox
+        return inbox is not None and inbox.put(work, live=live)
+
+    def serving(self, request_id: str) -> bool:
+        verifier = self.verifier
+        return verifier is not None and verifier.active(request_id)
 
     # -- callbacks: hand over, nothing else ------------------------------------------------------
 
     def on_draft(self, msg) -> None:
-        """Queue a message (checked by the worker); refuse it as busy at once if its lane is full."""
-        live = self.verifier.active(msg.request_id)
-        if not self.inbox.put(("draft", msg), live=live):
+        """Queue a message (checked by the worker); refuse it at once if the node is not active, or
+        as busy if its lane is full."""
+        from edge_llm_ros.core import VerifyOutcome
+
+        if refusal := self.refusal():
+            self.rejected += 1
+            self.log_rejection(f"draft {msg.request_id[:64]!r} refused: {refusal}", self.rejected)
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, refusal))
+            return
+        live = self.serving(msg.request_id)
+        if not self.put(("draft", msg), live=live):
             self.refuse_busy(msg, "new requests" if not live else "live requests")
 
     def on_prune(self, msg) -> None:
-        if msg.release and self.verifier.active(msg.request_id):
-            self.inbox.put(("release", msg.request_id), live=True)
+        if msg.release and self.serving(msg.request_id):
+            self.put(("release", msg.request_id), live=True)
 
     # -- the worker threads ------------------------------------------------------------------------
 
-    def verify_loop(self) -> None:
+    def verify_loop(self, inbox) -> None:
         while True:
-            work = self.inbox.get()
+            work = inbox.get()
             if work is None or self.stopping.is_set():
                 return
             kind, item = work
             if kind == "release":
                 self.end(item)
             elif kind == "expire":
-                for request_id in self.verifier.expire_idle(self.idle_timeout_s):
-                    self.get_logger().warning(f"request {request_id!r} idle for over {self.idle_timeout_s:g} s "
+                for request_id in self.verifier.expire_idle(self.params.idle_timeout_s):
+                    self.get_logger().warning(f"request {request_id!r} idle for over {self.params.idle_timeout_s:g} s "
                                               "(its robot sent no release): ended")
                     self.outbox.forget(request_id)
             else:
@@ -152,7 +187,7 @@ class VerifierNode(rt.Node):
                 self.outbox.put(outcome)
             follow = self.verifier.follow_up(draft.request_id)
             if follow is not None:
-                self.inbox.put(("draft", follow), live=True)  # behind the drafts already waiting
+                self.put(("draft", follow), live=True)  # behind the drafts already waiting
         except SpeculationMissed as exc:
             self.dropped_speculative += 1
             self.get_logger().debug(f"dropped a speculative draft: {exc}")
@@ -184,13 +219,9 @@ class VerifierNode(rt.Node):
             self.verify_pub.publish(stamp(self, to_message(self.VerifyResult, outcome)))
 
     def destroy_node(self) -> None:
-        self.stopping.set()
-        self.inbox.close()
-        verify_worker, send_worker = self.workers
-        verify_worker.join(timeout=10)  # the draft being verified finishes first
+        super().destroy_node()  # unloads first (the draft being verified finishes)
         self.outbox.close()
-        send_worker.join(timeout=5)
-        super().destroy_node()
+        self.send_worker.join(timeout=5)
 
 
 def main(args: list[str] | None = None) -> int:

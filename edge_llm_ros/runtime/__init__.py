@@ -57,7 +57,8 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
     from rclpy.task import Future
 
     from .link import rclpy_shaped as shaped
-    from .ros import ActionServer, Node, ParameterError, init, shutdown, spin
+    from .ros import (ActionServer, LifecycleNode, LifecycleState, Node, ParameterError, TransitionCallbackReturn,
+                      init, shutdown, spin)
 
     ok, spin_once, spin_until_future_complete = rclpy.ok, rclpy.spin_once, rclpy.spin_until_future_complete
     ServiceTimeoutError = TimeoutError
@@ -97,6 +98,7 @@ else:
         spin_until_future_complete,
     )
     from .interfaces import registry
+    from .lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
     def message(name: str) -> Any:
         """The class of a message type, e.g. message('std_msgs/msg/String')."""
@@ -110,7 +112,8 @@ else:
 
 
 __all__ = [
-    "BACKEND", "WHY", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "Node",
+    "BACKEND", "WHY", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "LifecycleNode",
+    "LifecycleState", "Node", "TransitionCallbackReturn",
     "ParameterError", "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shaped", "shutdown", "spin",
     "spin_once", "spin_until_future_complete",
 ]

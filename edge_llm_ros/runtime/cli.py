@@ -290,6 +290,60 @@ def cmd_service_call(args: argparse.Namespace, s: Session) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- lifecycle
+# `ros2 lifecycle`: a managed node (runtime/lifecycle.py) serves <node>/get_state, change_state and
+# get_available_transitions; the output is worded as ros2lifecycle's.
+
+def _lifecycle_call(s: Session, node: str, service: str, srv_type: str, request: dict, timeout: float) -> Any:
+    srv = registry().service(f"lifecycle_msgs/srv/{srv_type}")
+    client = s.node.create_client(srv.name, f"{node.rstrip('/')}/{service}")
+    if not client.wait_for_service(timeout):
+        raise CliError(f"Node not found: {node} serves no {service} (is it a managed node? waited {timeout:g} s)",
+                       EXIT_FAIL)
+    try:
+        return client.call(registry().from_dict(srv.request, request), timeout_sec=timeout)
+    except TimeoutError as exc:
+        raise CliError(str(exc), EXIT_FAIL) from exc
+
+
+def cmd_lifecycle_nodes(args: argparse.Namespace, s: Session) -> int:
+    suffix = "/get_state"
+    for name, types in s.node.get_service_names_and_types():
+        if name.endswith(suffix) and "lifecycle_msgs/srv/GetState" in types:
+            print(name[: -len(suffix)])
+    return EXIT_OK
+
+
+def cmd_lifecycle_get(args: argparse.Namespace, s: Session) -> int:
+    state = _lifecycle_call(s, args.node, "get_state", "GetState", {}, args.timeout).current_state
+    print(f"{state.label} [{state.id}]")
+    return EXIT_OK
+
+
+def cmd_lifecycle_list(args: argparse.Namespace, s: Session) -> int:
+    response = _lifecycle_call(s, args.node, "get_available_transitions", "GetAvailableTransitions", {},
+                               args.timeout)
+    for t in response.available_transitions:
+        print(f"- {t.transition.label} [{t.transition.id}]\n\tStart: {t.start_state.label}\n\tGoal: {t.goal_state.label}")
+    return EXIT_OK
+
+
+def cmd_lifecycle_set(args: argparse.Namespace, s: Session) -> int:
+    response = _lifecycle_call(s, args.node, "get_available_transitions", "GetAvailableTransitions", {},
+                               args.timeout)
+    labels = {t.transition.label: t.transition.id for t in response.available_transitions}
+    wanted = labels.get(args.transition) or (int(args.transition) if args.transition.isdigit() else None)
+    if wanted not in labels.values():
+        raise CliError(f"Unknown transition requested, available ones are: "
+                       + ", ".join(f"{label} [{tid}]" for label, tid in labels.items()), EXIT_FAIL)
+    result = _lifecycle_call(s, args.node, "change_state", "ChangeState", {"transition": {"id": wanted}},
+                             args.transition_timeout)
+    if not result.success:
+        raise CliError("Transitioning failed", EXIT_FAIL)
+    print("Transitioning successful")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------- action
 def cmd_action_list(args: argparse.Namespace, s: Session) -> int:
     suffix = "/_action/send_goal"
@@ -525,6 +579,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("values", nargs="?", default="{}")
     t.add_argument("--timeout", type=float, default=10.0)
     t.set_defaults(func=cmd_service_call)
+
+    lifecycle = verbs.add_parser("lifecycle", help="managed nodes").add_subparsers(dest="sub", required=True)
+    lifecycle.add_parser("nodes").set_defaults(func=cmd_lifecycle_nodes)
+    for verb, func in (("get", cmd_lifecycle_get), ("list", cmd_lifecycle_list), ("set", cmd_lifecycle_set)):
+        t = lifecycle.add_parser(verb)
+        t.add_argument("node")
+        if verb == "set":
+            t.add_argument("transition", help="configure | activate | deactivate | cleanup | shutdown, or its id")
+            t.add_argument("--transition-timeout", type=float, default=300.0,
+                           help="seconds to wait for the transition (configure loads a model)")
+        t.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node")
+        t.set_defaults(func=func)
 
     action = verbs.add_parser("action", help="actions").add_subparsers(dest="sub", required=True)
     t = action.add_parser("list")

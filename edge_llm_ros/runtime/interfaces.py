@@ -183,7 +183,15 @@ class Registry:
             self._register_action(f"{PACKAGE}/action/{path.stem}", path.read_text(), path)
 
     def _add_standard_services(self) -> None:
-        # The one standard service the action protocol needs.
+        # The standard services the action protocol and managed nodes (runtime/lifecycle.py) need.
+        lifecycle = {
+            "ChangeState": ("lifecycle_msgs/Transition transition\n", "bool success\n"),
+            "GetState": ("", "lifecycle_msgs/State current_state\n"),
+            "GetAvailableStates": ("", "lifecycle_msgs/State[] available_states\n"),
+            "GetAvailableTransitions": ("", "lifecycle_msgs/TransitionDescription[] available_transitions\n"),
+        }
+        for name, (request, response) in lifecycle.items():
+            self._register_service(f"lifecycle_msgs/srv/{name}", request, response, f"lifecycle_msgs/srv/{name}.srv")
         self._register_service(
             "action_msgs/srv/CancelGoal",
             "action_msgs/GoalInfo goal_info\n",

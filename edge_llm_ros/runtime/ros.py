@@ -32,6 +32,7 @@ from rclpy.action import ActionServer as _RclpyActionServer
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn  # noqa: F401 - runtime's names
 from rclpy.node import Node as _RclpyNode
 from rclpy.parameter import Parameter
 
@@ -60,6 +61,19 @@ class Node(_RclpyNode):
             ranges = [*descriptor.integer_range, *descriptor.floating_point_range] if descriptor else []
             bounds = f" must be in [{ranges[0].from_value:g}, {ranges[0].to_value:g}]" if ranges else ""
             raise ParameterError(f"parameter '{name}'{bounds}, got {given.value if given else value!r}") from exc
+
+
+class LifecycleNode(LifecycleNodeMixin, Node):
+    """rclpy's LifecycleNode on the Node above (rcl_lifecycle's state machine and services)."""
+
+    def __init__(self, node_name: str, **kwargs: Any) -> None:
+        Node.__init__(self, node_name, **kwargs)
+        LifecycleNodeMixin.__init__(self)
+
+    @property
+    def lifecycle_state(self) -> LifecycleState:
+        state_id, label = self._state_machine.current_state
+        return LifecycleState(label, state_id)
 
 
 class ActionServer(_RclpyActionServer):

@@ -326,6 +326,42 @@ def test_malformed_draft_gets_an_error_naming_the_field(nodes):
         probe.destroy_publisher(pub)
 
 
+def test_unconfigured_nodes_answer_requests_with_the_lifecycle_error(embedded_host):
+    """With autostart false (as `ros2 launch` starts them, before its transitions) nothing is loaded:
+    a goal to draft_node is aborted and a draft to verifier_node is answered, both with the state
+    and the command that activates the node."""
+    host, ns = embedded_host, "/idle_pair"
+    procs = [Proc(node_cmd(module, "autostart:=false") + ["-r", f"__ns:={ns}"], env=host.child_env)
+             for module in ("verifier_node", "draft_node")]
+    probe = host.Node("idle_probe", namespace=ns)
+    client = host.ActionClient(probe, host.action("edge_llm_ros/action/Generate"), "generate")
+    answers, got = [], threading.Event()
+    probe.create_subscription(host.message("edge_llm_ros/msg/VerifyResult"), "verify",
+                              lambda msg: (answers.append(msg), got.set()), 10)
+    pub = probe.create_publisher(host.message("edge_llm_ros/msg/DraftTree"), "draft", 10)
+    try:
+        for proc in procs:
+            proc.wait_for_line("runtime: zenoh", 60)
+        assert client.wait_for_server(30)
+        handle = client.send_goal_async(host.action("edge_llm_ros/action/Generate").Goal(prompt="hi")).result(30)
+        response = handle.get_result_async().result(30)
+        assert response.status == STATUS_ABORTED
+        assert response.result.finish_reason == (f"error: inactive: {ns}/draft_node is unconfigured, not active "
+                                                 f"(configure, then activate it: ros2 lifecycle set {ns}/draft_node "
+                                                 "activate)")
+        wait_until(lambda: probe.count_subscribers(f"{ns}/draft") >= 1, 20, "the verifier's draft subscription")
+        pub.publish(host.message("edge_llm_ros/msg/DraftTree")(request_id="idle-1", round=0, context_ids=[1, 2],
+                                                               prefix_len=2, token_ids=[5], parents=[-1],
+                                                               draft_probs=[0.5]))
+        assert got.wait(30), "no VerifyResult from an unconfigured verifier"
+        assert answers[0].final and answers[0].error.startswith(f"inactive: {ns}/verifier_node is unconfigured")
+    finally:
+        client.destroy()
+        probe.destroy_node()
+        for proc in procs:
+            proc.stop()
+
+
 def test_instruction_streams_token_chunks_on_response(nodes, reference):
 
     _, _, probe, _, host = nodes

@@ -660,6 +660,7 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(tmp_path, args, message
 
 @pytest.mark.parametrize("extra, message", [
     ({"respawn": "yes"}, "node talker: 'respawn' is True or False, got 'yes'"),
+    ({"lifecycle": 1}, "node talker: 'lifecycle' is True or False, got 1"),
     ({"respawn": True, "respawn_delay": -1}, "node talker: 'respawn_delay' is seconds >= 0, got -1"),
     ({"respawn": True, "respawn_delay": "2"}, "node talker: 'respawn_delay' is seconds >= 0, got '2'"),
     ({"respawn": True, "respawn_delay": float("nan")}, "'respawn_delay' is seconds >= 0, got nan"),
@@ -692,11 +693,19 @@ class _Recorded:
 def _fake_ros_launch(monkeypatch, share: Path | None = None) -> None:
     """Stand-ins for launch / launch_ros that record how launch_support calls their documented API."""
     mods = {name: types.ModuleType(name) for name in (
-        "launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions")}
-    for module, names in (("launch", ["LaunchDescription"]), ("launch.actions", ["DeclareLaunchArgument", "Shutdown"]),
-                          ("launch.substitutions", ["LaunchConfiguration"]), ("launch_ros.actions", ["Node"])):
+        "launch", "launch.actions", "launch.substitutions", "launch.event_handlers", "launch.events", "launch_ros",
+        "launch_ros.actions", "launch_ros.event_handlers", "launch_ros.events", "launch_ros.events.lifecycle",
+        "lifecycle_msgs", "lifecycle_msgs.msg")}
+    for module, names in (("launch", ["LaunchDescription"]),
+                          ("launch.actions", ["DeclareLaunchArgument", "Shutdown", "EmitEvent", "RegisterEventHandler"]),
+                          ("launch.substitutions", ["LaunchConfiguration"]), ("launch.event_handlers", ["OnProcessStart"]),
+                          ("launch_ros.actions", ["Node", "LifecycleNode"]),
+                          ("launch_ros.event_handlers", ["OnStateTransition"]),
+                          ("launch_ros.events.lifecycle", ["ChangeState"])):
         for name in names:
             setattr(mods[module], name, type(name, (_Recorded,), {}))
+    mods["launch.events"].matches_action = lambda action: ("matches", action)
+    mods["lifecycle_msgs.msg"].Transition = types.SimpleNamespace(TRANSITION_CONFIGURE=1, TRANSITION_ACTIVATE=3)
     if share is not None:
         mods["ament_index_python"] = types.ModuleType("ament_index_python")
         mods["ament_index_python.packages"] = types.ModuleType("ament_index_python.packages")
@@ -716,13 +725,25 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
     declared = {a.args[0]: a.kwargs["default_value"] for a in actions if type(a).__name__ == "DeclareLaunchArgument"}
     assert {"max_requests": "16", "model": "''", "plan_file": "''", "threads": "0", "calibrate": "auto",
             "stats_period_s": "1.0", "context": "2048"}.items() <= declared.items()
-    nodes = [a.kwargs for a in actions if type(a).__name__ == "Node"]
+    nodes = [a.kwargs for a in actions if type(a).__name__ in ("Node", "LifecycleNode")]
+    assert [type(a).__name__ for a in actions if type(a).__name__ in ("Node", "LifecycleNode")] == [
+        "Node", "LifecycleNode", "Node"]  # serve_node is managed
     assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
         ("edge_llm_ros", "planner_node", "planner_node", "edge_llm", "screen"),
         ("edge_llm_ros", "serve_node", "serve_node", "edge_llm", "screen"),
         ("edge_llm_ros", "monitor_node", "monitor", "edge_llm", "screen")]
-    serve_file, serve_overrides = nodes[1]["parameters"]
-    assert serve_file == str(installed)
+    serve_file, serve_overrides, managed = nodes[1]["parameters"]
+    assert serve_file == str(installed) and managed == {"autostart": False}  # the launch drives its transitions
+    serve = next(a for a in actions if type(a).__name__ == "LifecycleNode")
+    handlers = [a.args[0] for a in actions if type(a).__name__ == "RegisterEventHandler"]
+    on_start, on_configured = handlers
+    assert type(on_start).__name__ == "OnProcessStart" and on_start.kwargs["target_action"] is serve
+    (configure,) = on_start.kwargs["on_start"]
+    assert configure.kwargs["event"].kwargs == {"lifecycle_node_matcher": ("matches", serve), "transition_id": 1}
+    assert on_configured.kwargs["target_lifecycle_node"] is serve
+    assert (on_configured.kwargs["start_state"], on_configured.kwargs["goal_state"]) == ("configuring", "inactive")
+    (activate,) = on_configured.kwargs["entities"]
+    assert activate.kwargs["event"].kwargs["transition_id"] == 3
     assert {k: (v.args[0], v.kwargs["default"]) for k, v in serve_overrides.items()}["max_requests"] == (
         "max_requests", "16")
     assert list(nodes[2]["parameters"][1]) == ["stats_period_s"]
@@ -773,6 +794,8 @@ def test_ros2_launch_description_passes_respawn_settings(monkeypatch, tmp_path):
 def test_ros2_launch_description_of_edge_cloud_respawns_both_peers(monkeypatch):
     _fake_ros_launch(monkeypatch)
     description = runpy.run_path(str(ROOT / "launch" / "edge_cloud.launch.py"))["generate_launch_description"]()
-    nodes = {n.kwargs["name"]: n.kwargs for n in description.args[0] if type(n).__name__ == "Node"}
+    nodes = {n.kwargs["name"]: n.kwargs for n in description.args[0] if type(n).__name__ == "LifecycleNode"}
     assert {name: (n["respawn"], n["respawn_delay"], "on_exit" in n) for name, n in nodes.items()} == {
         "verifier_node": (True, 1.0, False), "draft_node": (True, 1.0, False)}
+    # configured on every process start (a respawn too), activated after each configure
+    assert sum(type(a).__name__ == "RegisterEventHandler" for a in description.args[0]) == 4

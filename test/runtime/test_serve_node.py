@@ -7,11 +7,14 @@ outputs, equal seeds give equal samples, a cancelled goal frees its slot and the
 client that dies mid-goal frees its slot. Bad input: a prompt over the context window and an
 unknown mode abort that goal with the reason; 50 goals at once with capacity 8 are refused as
 busy beyond it and the accepted ones all finish; a malformed plan is refused and the old one stays.
+Its lifecycle: goals are refused unless it is active, cleanup frees the model.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 import threading
 
@@ -267,3 +270,60 @@ def test_a_client_that_dies_mid_goal_frees_its_slot(request, router_endpoint, no
             probe.destroy_node()
     finally:
         proc.stop()
+
+
+def lifecycle(host, *args: str) -> str:
+    """`ros2 lifecycle ARGS` under rclpy, `edge-llm-ros lifecycle ARGS` on the embedded backend: its
+    output. Tried again while the ros2 CLI's discovery has not found the node yet ("Node not
+    found", which it says before it changes anything)."""
+    def attempt() -> str | None:
+        if host.backend == "rclpy":
+            out = subprocess.run(["ros2", "lifecycle", args[0], "--no-daemon", *args[1:]], capture_output=True,
+                                 text=True, timeout=120, env={**os.environ, **host.child_env}, cwd=REPO)
+        else:
+            out = cli("lifecycle", *args, timeout=120)
+        text = out.stdout + out.stderr
+        if "Node not found" in text:
+            return None
+        assert out.returncode == 0, f"lifecycle {' '.join(args)} exited {out.returncode}: {text}"
+        return text.strip()
+
+    return wait_until(attempt, 60, f"lifecycle {' '.join(args)}", interval=0.5)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.parametrize("server", BACKENDS, indirect=True)
+def test_the_lifecycle_refuses_goals_unless_active_and_cleanup_frees_the_model(server, solo):
+    """A managed node (nodes/managed.py) driven by `ros2 lifecycle` (rclpy) or `edge-llm-ros lifecycle`:
+    inactive and unconfigured it aborts goals with the reason; cleanup frees the model (RSS drops);
+    configure and activate serve again, with the same answer as before."""
+    proc, probe, client, host = server
+    node = "/edge_llm/serve_node"
+    assert lifecycle(host, "get", node).splitlines()[-1] == "active [3]"
+
+    def refused(state: str) -> None:
+        handle, _, _ = send(host, client, PROMPTS[2], max_new_tokens=4)
+        response = handle.get_result_async().result(60)
+        assert response.status == STATUS_ABORTED
+        assert response.result.finish_reason == (
+            f"error: inactive: {node} is {state}, not active "
+            + ("(configure, then activate it: ros2 lifecycle set /edge_llm/serve_node activate)" if state == "unconfigured"
+               else "(activate it: ros2 lifecycle set /edge_llm/serve_node activate)"))
+
+    assert "Transitioning successful" in lifecycle(host, "set", node, "deactivate")
+    refused("inactive")
+    loaded = rss_mb(proc.popen.pid)
+    assert "Transitioning successful" in lifecycle(host, "set", node, "cleanup")
+    freed = rss_mb(proc.popen.pid)
+    proc.wait_for_line(f"cleaned up: model freed, RSS", 10)
+    assert freed < 0.75 * loaded, f"RSS {loaded:.0f} MB configured, {freed:.0f} MB after cleanup"
+    refused("unconfigured")
+    assert "Transitioning successful" in lifecycle(host, "set", node, "configure")
+    assert rss_mb(proc.popen.pid) > freed + 0.5 * (loaded - freed)  # loaded again
+    assert "Transitioning successful" in lifecycle(host, "set", node, "activate")
+    handle, _, _ = send(host, client, PROMPTS[2], max_new_tokens=8)
+    assert list(handle.get_result_async().result(60).result.token_ids) == solo(PROMPTS[2], 8)

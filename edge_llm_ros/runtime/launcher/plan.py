@@ -23,7 +23,7 @@ from ..params import format_param_value, list_nodes, load_params_file, node_fqn,
 PACKAGE = "edge_llm_ros"
 NODES_PACKAGE = f"{PACKAGE}.nodes"
 _NODE_KEYS = ("executable", "name", "namespace", "remappings", "required", "module", "cmd", "prefix",
-              "respawn", "respawn_delay", "respawn_max_retries")
+              "respawn", "respawn_delay", "respawn_max_retries", "lifecycle")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -56,6 +56,7 @@ class NodeSpec:
     respawn: bool = False  # launch's ExecuteProcess: start it again when it exits on its own ...
     respawn_delay: float = 0.0  # ... this many seconds later ...
     respawn_max_retries: int = -1  # ... at most this many times (negative: no limit)
+    lifecycle: bool = False  # a managed node: `ros2 launch` drives it to active; here it starts itself (autostart)
 
     def may_respawn(self, respawns_so_far: int) -> bool:
         return self.respawn and (self.respawn_max_retries < 0 or respawns_so_far < self.respawn_max_retries)
@@ -106,10 +107,13 @@ class NodeSpec:
         if isinstance(retries, bool) or not isinstance(retries, int):
             raise LaunchError(f"{source}: node {name}: 'respawn_max_retries' is an int (-1: no limit), "
                               f"got {retries!r}")
+        lifecycle = entry.get("lifecycle", False)
+        if not isinstance(lifecycle, bool):
+            raise LaunchError(f"{source}: node {name}: 'lifecycle' is True or False, got {lifecycle!r}")
         return cls(executable=executable, name=name, namespace=namespace, remappings=remappings,
                    required=bool(entry.get("required", True)), module=entry.get("module"),
                    cmd=list(cmd) if cmd else None, prefix=list(prefix),
-                   respawn=respawn, respawn_delay=float(delay), respawn_max_retries=retries)
+                   respawn=respawn, respawn_delay=float(delay), respawn_max_retries=retries, lifecycle=lifecycle)
 
     def command(self, params_file: Path | None) -> list[str]:
         base = self.prefix + (list(self.cmd) if self.cmd else [sys.executable, "-m", self.module_name])
