@@ -62,13 +62,12 @@ class PlannerNode(rt.Node):
         from edge_llm_ros.core import default_model_path
         from edge_llm_ros.core.device_plan import default_plan_path
 
-        params = declare(self, PlannerParams)
+        self.params = params = declare(self, PlannerParams)
         model, plan_file = params.model, params.plan_file
-        self.calibrate, self.threads, self.allow_llama_cpp = params.calibrate, params.threads, params.allow_llama_cpp
         if model and not Path(model).expanduser().exists():
             raise ValueError(f"parameter 'model': {model} not found")
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        if self.params.threads:
+            torch.set_num_threads(self.params.threads)
         self.model = Path(model).expanduser().resolve() if model else default_model_path().resolve()
         self.plan_path = Path(plan_file).expanduser() if plan_file else default_plan_path()
         self.subjects = None  # the models `profile` measures, loaded at its first request
@@ -91,7 +90,7 @@ class PlannerNode(rt.Node):
 
         log = self.get_logger()
         why = "calibrate is always"
-        if self.calibrate != "always":
+        if self.params.calibrate != "always":
             try:
                 plan = load_plan(self.plan_path, self.model, warn=log.warning)
                 if plan is None:
@@ -102,7 +101,7 @@ class PlannerNode(rt.Node):
                     return self.usable(measurements), plan.threads
             except (PlanError, ValueError) as exc:
                 why = str(exc)
-        if self.calibrate == "never":
+        if self.params.calibrate == "never":
             log.error(f"{why}, and calibrate is never: no plan published (edge-llm-ros plan --device makes one, "
                       "or set calibrate:=auto)")
             return None, 0
@@ -117,7 +116,7 @@ class PlannerNode(rt.Node):
         from edge_llm_ros.core.planner import Measurements
 
         log = self.get_logger()
-        record = calibrate(self.model, self.threads or None, self.allow_llama_cpp, FAST, log.info)
+        record = calibrate(self.model, self.params.threads or None, self.params.allow_llama_cpp, FAST, log.info)
         try:
             save_plan(record, self.plan_path)
             log.info(f"saved the device plan to {self.plan_path}")
@@ -127,7 +126,7 @@ class PlannerNode(rt.Node):
 
     def usable(self, measurements):
         """The measurements as this node may plan with them (without llama.cpp unless allowed)."""
-        return measurements if self.allow_llama_cpp else measurements.without("llama.cpp")
+        return measurements if self.params.allow_llama_cpp else measurements.without("llama.cpp")
 
     def publish_device_plan(self) -> None:
         from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
@@ -178,11 +177,12 @@ class PlannerNode(rt.Node):
         try:
             if backend not in BACKENDS:
                 raise ValueError(f"backend must be one of {' | '.join(BACKENDS)} ('' = the plan's), got {backend!r}")
-            if backend == "llama.cpp" and not self.allow_llama_cpp:
+            if backend == "llama.cpp" and not self.params.allow_llama_cpp:
                 raise ValueError("backend llama.cpp is not allowed here (allow_llama_cpp is false)")
             if self.subjects is None:
                 self.get_logger().info("profile: loading the models to measure")
-                self.subjects = load_subjects(self.model, self.threads or None, llama_cpp=self.allow_llama_cpp)
+                self.subjects = load_subjects(self.model, self.params.threads or None,
+                                              llama_cpp=self.params.allow_llama_cpp)
             got = profile(self.subjects, backend, draft_backend, request.prefix_len or PREFIX, counts, request.quick)
         except (ValueError, OSError, RuntimeError, ImportError) as exc:
             response.success, response.message = False, f"profile failed: {exc}"
