@@ -21,7 +21,7 @@ Node as they are (launch restarts the process itself). A `required` node gets
 an on_exit Shutdown; launch emits that exit event on every exit, also the ones
 it respawns after, so for a respawning node the Shutdown comes only with the
 exit that has no retry left (never, with unlimited retries), as in the
-embedded launcher.
+embedded launcher, and never while the launch is shutting down already.
 """
 
 from __future__ import annotations
@@ -113,11 +113,18 @@ def _bring_up(node) -> list:
 
 
 def _shutdown_on_last_exit(spec: NodeSpec, Shutdown):
-    """on_exit of a required node: Shutdown, or for a respawning one a callback that returns it on its last exit."""
+    """on_exit of a required node: a callback returning Shutdown when the node exits on its own (for
+    a respawning one, on the exit that has no retry left). An exit during shutdown adds no second
+    Shutdown: launch_ros stops its ROS adapter (there is one once a LifecycleNode runs) on every
+    Shutdown event, and a second stop fails the launch ("Cannot shutdown a ROS adapter that is
+    not running", exit code 1 after Ctrl-C)."""
     reason = f"required node {spec.fqn} exited"
-    if not spec.respawn:
-        return Shutdown(reason=reason)
-    if spec.respawn_max_retries < 0:
+    if spec.respawn and spec.respawn_max_retries < 0:
         return None  # respawned for ever
     exits = itertools.count(1)
-    return lambda event, context: [Shutdown(reason=reason)] if next(exits) > spec.respawn_max_retries else None
+
+    def on_exit(event, context):
+        last = not spec.respawn or next(exits) > spec.respawn_max_retries
+        return [Shutdown(reason=reason)] if last and not context.is_shutdown else None
+
+    return on_exit

@@ -3,6 +3,7 @@ backend or under rclpy, and the sourced ROS 2 environment (loopback only, enforc
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import subprocess
@@ -15,6 +16,10 @@ from support import REPO, Proc, check_loopback_only, python_module, wait_until
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this
 # process and every child; tests choose the backend themselves (the `host` fixture).
 os.environ.setdefault("EDGE_LLM_BACKEND", "zenoh")
+# The launch_pytest plugin imports `launch`, whose logging makes every logger created after it
+# non-propagating (launch.logging.LaunchLogger), out of reach of caplog, which pytest 8 attaches to
+# the root logger only. This package's loggers, created after this line, propagate as usual.
+logging.setLoggerClass(logging.Logger)
 ROS2_INSTALL = REPO / "build" / "ros2" / "install"
 
 

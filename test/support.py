@@ -103,6 +103,21 @@ def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess
                           text=True, timeout=timeout, env=env, cwd=REPO, input=input)
 
 
+def generate_cli(prompt: str, n: int, backend: str = "llama.cpp") -> str:
+    """What `edge-llm-ros generate` prints for ``prompt``: ``n`` greedy tokens of plain decoding (mode ar)."""
+    out = cli("generate", "--backend", backend, "--mode", "ar", "--no-plan", "--max-new-tokens", str(n), prompt,
+              timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
+
+
+def assert_loopback_only(process) -> None:
+    """No socket of ``process`` (a psutil.Process) is connected to an address other than loopback."""
+    for conn in process.net_connections(kind="inet"):
+        if conn.raddr:
+            assert conn.raddr.ip in ("127.0.0.1", "::1"), (process.cmdline()[:2], conn)
+
+
 def stamped_now(msg, within_s: float = 120.0) -> bool:
     """True when ``msg.header.stamp`` is the system time of about now (a node stamped it as it published)."""
     stamp = msg.header.stamp

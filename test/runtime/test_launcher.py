@@ -747,7 +747,9 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
     assert {k: (v.args[0], v.kwargs["default"]) for k, v in serve_overrides.items()}["max_requests"] == (
         "max_requests", "16")
     assert list(nodes[2]["parameters"][1]) == ["stats_period_s"]
-    assert all(type(n["on_exit"]).__name__ == "Shutdown" for n in nodes)  # all required
+    running, stopping = types.SimpleNamespace(is_shutdown=False), types.SimpleNamespace(is_shutdown=True)
+    assert all(type(n["on_exit"](None, running)[0]).__name__ == "Shutdown" for n in nodes)  # all required
+    assert all(n["on_exit"](None, stopping) is None for n in nodes)  # no second Shutdown while shutting down
 
 
 def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
@@ -785,10 +787,11 @@ def test_ros2_launch_description_passes_respawn_settings(monkeypatch, tmp_path):
     assert (a["respawn"], a["respawn_delay"], a["respawn_max_retries"]) == (True, 2.0, 2)
     assert (b["respawn"], b["respawn_delay"], b["respawn_max_retries"]) == (True, 0.0, -1)
     assert not any(key.startswith("respawn") for key in d)  # only when set
-    shutdowns = [a["on_exit"](None, None) for _ in range(3)]  # exits 1 and 2 are respawned, 3 is the last
+    running = types.SimpleNamespace(is_shutdown=False)
+    shutdowns = [a["on_exit"](None, running) for _ in range(3)]  # exits 1 and 2 are respawned, 3 is the last
     assert shutdowns[:2] == [None, None] and type(shutdowns[2][0]).__name__ == "Shutdown"
     assert "on_exit" not in b and "on_exit" not in c  # c: required, but respawned for ever
-    assert type(d["on_exit"]).__name__ == "Shutdown"
+    assert type(d["on_exit"](None, running)[0]).__name__ == "Shutdown"
 
 
 def test_ros2_launch_description_of_edge_cloud_respawns_both_peers(monkeypatch):

@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from hosts import BACKENDS, host_for
-from support import REPO, Proc, cli, stamped_now, wait_until
+from support import REPO, Proc, cli, generate_cli, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
@@ -96,13 +96,6 @@ def send(host, client, prompt: str, **goal):
 
     handle = client.send_goal_async(Generate.Goal(prompt=prompt, **goal), on_feedback).result(30)
     return handle, feedback, first
-
-
-def generate_cli(prompt: str, n: int) -> str:
-    out = cli("generate", "--backend", "llama.cpp", "--mode", "ar", "--no-plan", "--max-new-tokens", str(n), prompt,
-              timeout=180)
-    assert out.returncode == 0, out.stderr
-    return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
 
 
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
