@@ -172,7 +172,11 @@ def stop_cleanly(proc: Proc, nodes: int) -> None:
     for child in children(proc):
         assert_loopback_only(child)
     proc.popen.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 0, proc.output[-3000:]
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`ros2 launch` still runs 60 s after Ctrl-C; its output:\n{proc.output[-5000:]}")
+    assert code == 0, proc.output[-3000:]
     assert proc.output.count("process has finished cleanly") == nodes, proc.output[-3000:]
     assert "Traceback" not in proc.output, proc.output[-3000:]
 
