@@ -6,6 +6,7 @@ A module of its own (not conftest) so that `from support import ...` is unambigu
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +39,13 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
         time.sleep(interval)
 
 
+def default_sigint() -> None:
+    """In a child before it runs: SIGINT back to its default, as in a terminal. A suite started in
+    the background (`cmd &` in a script, as CI runners may) passes SIGINT down ignored, and `ros2
+    launch` with a LifecycleNode (launch_ros starts rclpy in the launch process) then ignores Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Proc:
     """A child process whose output lines are collected as they come, to wait on them."""
 
@@ -45,7 +53,7 @@ class Proc:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
         full_env.update(env or {})
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env=full_env, cwd=cwd, start_new_session=True)
+                                      env=full_env, cwd=cwd, start_new_session=True, preexec_fn=default_sigint)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()

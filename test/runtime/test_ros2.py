@@ -24,6 +24,7 @@ import random
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -216,33 +217,36 @@ def pipeline(env):
 
 
 def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
-    ros2_shows(env, ["/edge_llm/planner_node\n", "/edge_llm/serve_node\n", "/edge_llm/monitor\n"],
-               "node", "list", "--no-daemon", "--spin-time", "3")
-    ros2_shows(env, [f"  {name}\n" for name in ("max_requests", "max_pending", "backend", "mode", "context")],
-               "param", "list", "--no-daemon", "/edge_llm/serve_node")
-    ros2_shows(env, ["Integer value is: 16"], "param", "get", "--no-daemon", "/edge_llm/serve_node", "max_requests")
-    # serve_node is the one managed node; the launch (not autostart) took it to active
-    nodes = ros2_shows(env, ["/edge_llm/serve_node"], "lifecycle", "nodes", "--no-daemon", "--spin-time", "3")
-    assert "planner_node" not in nodes and "monitor" not in nodes
-    ros2_shows(env, ["active [3]"], "lifecycle", "get", "--no-daemon", "/edge_llm/serve_node")
-    ros2_shows(env, ["Boolean value is: False"], "param", "get", "--no-daemon", "/edge_llm/serve_node", "autostart")
-
-    expected = generate_cli(PROMPT, 128)
+    # started first: its subscription has the node and parameter checks' time to be matched
     echo = Proc(["ros2", "topic", "echo", "/edge_llm/response", "edge_llm_ros/msg/TokenChunk"], env=env)
+    pool = ThreadPoolExecutor(1)  # the expected texts, computed while the CLI calls wait on discovery
+    expected = {n: pool.submit(generate_cli, PROMPT, n) for n in (128, 24, 5)}
     try:
+        ros2_shows(env, ["/edge_llm/planner_node\n", "/edge_llm/serve_node\n", "/edge_llm/monitor\n"],
+                   "node", "list", "--no-daemon", "--spin-time", "3")
+        ros2_shows(env, [f"  {name}\n" for name in ("max_requests", "max_pending", "backend", "mode", "context")],
+                   "param", "list", "--no-daemon", "/edge_llm/serve_node")
+        ros2_shows(env, ["Integer value is: 16"], "param", "get", "--no-daemon", "/edge_llm/serve_node", "max_requests")
+        # serve_node is the one managed node; the launch took it to active (test_launcher: autostart false)
+        nodes = ros2_shows(env, ["/edge_llm/serve_node"], "lifecycle", "nodes", "--no-daemon", "--spin-time", "3")
+        assert "planner_node" not in nodes and "monitor" not in nodes
+        ros2_shows(env, ["active [3]"], "lifecycle", "get", "--no-daemon", "/edge_llm/serve_node")
+
+        ros2_shows(env, ["Subscription count: 1"], "topic", "info", "--no-daemon", "/edge_llm/response")
         ros2(env, "topic", "pub", "--once", "-w", "1", "/edge_llm/instruction", "std_msgs/msg/String",
              json.dumps({"data": PROMPT}))
         echo.wait_for_line("done: true", 120)
         wait_until(lambda: echo.output.rstrip().endswith("---"), 10, "the last chunk's end")
     finally:
         echo.stop()
+        pool.shutdown(wait=False)
     chunks = [yaml.safe_load(doc) for doc in echo.output.split("\n---") if "request_id:" in doc]
     assert len({c["request_id"] for c in chunks}) == 1 and chunks[-1]["done"]
-    assert "".join(c["text"] for c in chunks) == expected
+    assert "".join(c["text"] for c in chunks) == expected[128].result(300)
     assert chunks[-1]["finish_reason"] in ("eos", "length") and all(c["header"]["stamp"]["sec"] > 0 for c in chunks)
 
     streamed, result, status = send_goal(env, PROMPT, 24)
-    assert status == "SUCCEEDED" and result == generate_cli(PROMPT, 24) == streamed
+    assert status == "SUCCEEDED" and result == expected[24].result(300) == streamed
 
     # parameters: described with their ranges; out of range or read-only refused; a dynamic one applies
     serve = "/edge_llm/serve_node"
@@ -254,5 +258,5 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
     ros2_shows(env, ["Set parameter successful"], "param", "set", "--no-daemon", serve, "max_new_tokens", "5")
     pipeline.wait_for_line("parameters: max_new_tokens 5", 10)
     streamed, result, status = send_goal(env, PROMPT, 0)  # 0: the node's max_new_tokens
-    assert status == "SUCCEEDED" and result == generate_cli(PROMPT, 5) == streamed
+    assert status == "SUCCEEDED" and result == expected[5].result(300) == streamed
     stop_cleanly(pipeline, nodes=3)
