@@ -41,8 +41,9 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 
 def default_sigint() -> None:
     """In a child before it runs: SIGINT back to its default, as in a terminal. A suite started in
-    the background (`cmd &` in a script, as CI runners may) passes SIGINT down ignored, and `ros2
-    launch` with a LifecycleNode (launch_ros starts rclpy in the launch process) then ignores Ctrl-C."""
+    the background (`cmd &` in a script, as CI runners may) passes SIGINT down ignored; Python then
+    installs no SIGINT handler, and `ros2 launch` (which hears signals only through Python's)
+    ignores the tests' Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

@@ -212,7 +212,9 @@ def pipeline(env):
             proc.popen.send_signal(signal.SIGINT)
             try:
                 proc.wait(60)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # SIGTERM to `ros2 launch` would leave its nodes running
+                for child in children(proc):
+                    child.kill()
                 proc.stop()
 
 
