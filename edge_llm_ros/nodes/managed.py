@@ -76,8 +76,9 @@ class ManagedNode(rt.LifecycleNode):
         if self.active:
             return ""
         fqn, state = self.get_fully_qualified_name(), self.lifecycle_state.label
-        steps = "configure, then activate" if state == "unconfigured" else "activate"
-        return f"inactive: {fqn} is {state}, not active ({steps} it: ros2 lifecycle set {fqn} {steps.split()[-1]})"
+        steps = ["configure", "activate"] if state == "unconfigured" else ["activate"]
+        return (f"inactive: {fqn} is {state}, not active ("
+                + "; ".join(f"ros2 lifecycle set {fqn} {step}" for step in steps) + ")")
 
     # -- transitions -------------------------------------------------------------------------------
 

@@ -347,8 +347,8 @@ def test_unconfigured_nodes_answer_requests_with_the_lifecycle_error(embedded_ho
         response = handle.get_result_async().result(30)
         assert response.status == STATUS_ABORTED
         assert response.result.finish_reason == (f"error: inactive: {ns}/draft_node is unconfigured, not active "
-                                                 f"(configure, then activate it: ros2 lifecycle set {ns}/draft_node "
-                                                 "activate)")
+                                                 f"(ros2 lifecycle set {ns}/draft_node configure; "
+                                                 f"ros2 lifecycle set {ns}/draft_node activate)")
         wait_until(lambda: probe.count_subscribers(f"{ns}/draft") >= 1, 20, "the verifier's draft subscription")
         pub.publish(host.message("edge_llm_ros/msg/DraftTree")(request_id="idle-1", round=0, context_ids=[1, 2],
                                                                prefix_len=2, token_ids=[5], parents=[-1],

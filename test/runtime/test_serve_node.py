@@ -301,10 +301,9 @@ def test_the_lifecycle_refuses_goals_unless_active_and_cleanup_frees_the_model(s
         handle, _, _ = send(host, client, PROMPTS[2], max_new_tokens=4)
         response = handle.get_result_async().result(60)
         assert response.status == STATUS_ABORTED
+        steps = f"ros2 lifecycle set {node} configure; " if state == "unconfigured" else ""
         assert response.result.finish_reason == (
-            f"error: inactive: {node} is {state}, not active "
-            + ("(configure, then activate it: ros2 lifecycle set /edge_llm/serve_node activate)" if state == "unconfigured"
-               else "(activate it: ros2 lifecycle set /edge_llm/serve_node activate)"))
+            f"error: inactive: {node} is {state}, not active ({steps}ros2 lifecycle set {node} activate)")
 
     assert "Transitioning successful" in lifecycle(host, "set", node, "deactivate")
     refused("inactive")
