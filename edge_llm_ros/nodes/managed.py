@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import trim_heap
@@ -43,8 +44,6 @@ def rss_mb() -> float:
     """This process's resident memory in MB (Linux's /proc; 0 elsewhere)."""
     try:
         with open("/proc/self/statm") as statm:
-            import os
-
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
     except (OSError, ValueError, IndexError):
         return 0.0

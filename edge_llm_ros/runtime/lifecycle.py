@@ -95,11 +95,14 @@ class LifecycleNode(Node):
         return self._change(4)
 
     def trigger_shutdown(self) -> TransitionCallbackReturn:
-        with self._changing:
-            ids = [tid for tid, (label, start, _) in PRIMARY.items() if label == "shutdown" and start == self._state]
-        if not ids:
+        transition_id = self._transition_named("shutdown")
+        if transition_id < 0:
             raise RuntimeError(f"shutdown is not possible from {STATE_LABELS[self._state]}")
-        return self._change(ids[0])
+        return self._change(transition_id)
+
+    def _transition_named(self, label: str) -> int:
+        """The id of the primary transition ``label`` from the current state; -1 if it has none."""
+        return next((tid for tid, (name, start, _) in PRIMARY.items() if name == label and start == self._state), -1)
 
     @property
     def lifecycle_state(self) -> LifecycleState:
@@ -151,9 +154,7 @@ class LifecycleNode(Node):
     def _on_change_state(self, request: Any, response: Any) -> Any:
         transition_id = request.transition.id
         if request.transition.label:
-            found = [tid for tid, (label, start, _) in PRIMARY.items()
-                     if label == request.transition.label and start == self._state]
-            transition_id = found[0] if found else -1
+            transition_id = self._transition_named(request.transition.label)
         try:
             response.success = self._change(transition_id) == TransitionCallbackReturn.SUCCESS
         except RuntimeError as exc:
