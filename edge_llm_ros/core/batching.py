@@ -7,9 +7,13 @@ seed, stop strings and token limit. Knows nothing about ROS.
 
 :class:`BatchServer` (``ar`` on llama.cpp): one llama.cpp sequence per request, each with a KV
 stream of its own (:class:`LlamaBatch`), and one ``llama_decode`` per step carrying every running
-request's next row. A new request joins at the next step (its prompt decoded in chunks of at
-most ``prefill_budget`` rows, beside the others' rows); a finished or cancelled one leaves it and
-its cells are freed. Exactness, measured with llama-cpp-python 0.3.36 on SmolLM2's Q4_1 GGUF:
+request's next row. A new request joins at the next step, its prompt decoded in chunks beside the
+others' rows: at most ``prefill_rows`` prompt rows per step, first come first served. On a CPU a
+prompt row costs the same in a chunk of 64 as in one of 496 (3.8 ms here), so small chunks lose
+no throughput, while the first arrivals of a burst get their first tokens sooner (16 closed-loop
+clients in one process: time to first token p50 0.7 s instead of 1.8 s with 496-row chunks) and
+running requests never stall for a whole burst's prefill. A finished or cancelled request leaves and its cells are freed.
+Exactness, measured with llama-cpp-python 0.3.36 on SmolLM2's Q4_1 GGUF:
 in llama.cpp's unified KV cache a row's logits moved by up to 0.59 whenever another sequence held
 different tokens at the same positions (even when decoded in another call); with a stream per
 sequence every request gets its solo greedy output token for token (test/core/test_batching.py:
@@ -366,21 +370,25 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
 
 
+PREFILL_ROWS = 64  # prompt rows per step (see the module docstring)
+
+
 class BatchServer(Server):
     """``ar`` for many requests at once on llama.cpp: continuous batching (see the module docstring)."""
 
     kind = "batched"
 
     def __init__(self, batch: LlamaBatch, *, max_requests: int | None = None, max_pending: int = 16,
-                 prefill_budget: int | None = None) -> None:
+                 prefill_rows: int = PREFILL_ROWS) -> None:
         super().__init__(max_requests=max_requests or batch.sequences, max_pending=max_pending, name="batch")
         if self.max_requests > batch.sequences:
             raise ValueError(f"max_requests={self.max_requests} exceeds the batch's {batch.sequences} sequences")
         self.batch = batch
         self.tokenizer = batch.tokenizer
-        self.prefill_budget = min(prefill_budget or batch.n_batch, batch.n_batch) - self.max_requests
-        if self.prefill_budget < 1:
-            raise ValueError(f"n_batch={batch.n_batch} leaves no room for prompts beside {self.max_requests} requests")
+        if prefill_rows < 1 or prefill_rows + self.max_requests > batch.n_batch:
+            raise ValueError(f"prefill_rows={prefill_rows} must be >= 1 and fit beside {self.max_requests} requests "
+                             f"in n_batch={batch.n_batch} rows")
+        self.prefill_rows = prefill_rows
         self._free_seqs = list(range(batch.sequences))[::-1]
         self.steps = 0
 
@@ -398,7 +406,7 @@ class BatchServer(Server):
                          StopStrings(self.tokenizer, config.stop_strings), limit)
 
     def _step(self) -> None:
-        work, fed, budget = [], [], self.prefill_budget
+        work, fed, budget = [], [], self.prefill_rows
         for state in self._running:
             prompt = state.stream.prompt
             if state.fed < len(prompt):  # prefill, in chunks that fit the step's budget

@@ -88,6 +88,8 @@ class ServeParams(ManagedParams):
     max_new_tokens: int = param(128, "answer length when a goal gives 0, and for instructions", low=1,
                                 high=1_000_000, dynamic=True)
     context: int = param(2048, "tokens per request: prompt + answer", low=16, high=1_000_000)
+    prefill_rows: int = param(64, "batched ar: prompt tokens decoded per step beside the running requests "
+                                  "(smaller: earlier first tokens in a burst, shorter stalls)", low=1, high=65536)
     chat_template: bool = param(True, "apply the tokenizer's chat template to prompts")
     stats_period_s: float = param(1.0, "period of the aggregate InferenceStats on stats (0 = per request only)",
                                   low=0.0)
@@ -127,6 +129,8 @@ class ServeNode(ManagedNode):
         from edge_llm_ros.runtime import graph
 
         self.feedback_topic = graph.action_names(self.resolve_topic_name("generate"))["feedback"]  # rcl_action's layout
+        self.listeners_lock = threading.Lock()
+        self.listeners, self.listeners_at = 0, -float("inf")
         if p.stats_period_s > 0:
             self.create_timer(p.stats_period_s, self.publish_recent_stats)
 
@@ -207,7 +211,8 @@ class ServeNode(ManagedNode):
                     raise ValueError("backend llama.cpp needs llama-cpp-python (make install builds it)")
                 batch = LlamaBatch(self.model, sequences=self.params.max_requests, context=self.params.context,
                                    n_threads=threads)
-                server = BatchServer(batch, max_pending=self.params.max_pending)
+                server = BatchServer(batch, max_pending=self.params.max_pending,
+                                     prefill_rows=min(self.params.prefill_rows, batch.n_batch - batch.sequences))
             else:
                 target, drafted = load_models(self.model, backend, mode, threads, draft)
                 server = EngineServer(target, drafted.drafter if drafted is not None else None,
@@ -344,7 +349,7 @@ class ServeNode(ManagedNode):
                     stream.cancel()
                 if time.monotonic() >= check_at:
                     check_at = time.monotonic() + self.params.client_check_s
-                    absent = absent + 1 if self.count_subscribers(self.feedback_topic) == 0 else 0
+                    absent = absent + 1 if self.feedback_listeners() == 0 else 0
                     if absent >= 2 and not stream.cancelled:
                         self.get_logger().warning(f"generate: request {stream.request_id}: client gone, cancelled")
                         stream.cancel()
@@ -360,6 +365,15 @@ class ServeNode(ManagedNode):
             goal_handle.succeed()
         return Result(text="".join(text), token_ids=stream.tokens, finish_reason=reason,
                       stats=self.stats_msg([stream], stream.request_id))
+
+    def feedback_listeners(self) -> int:
+        """Subscribers to the action's feedback. One graph query answers every goal that checks within
+        half a client_check_s (16 running goals: one query a period, not 16)."""
+        with self.listeners_lock:
+            now = time.monotonic()
+            if now - self.listeners_at >= self.params.client_check_s / 2:
+                self.listeners, self.listeners_at = self.count_subscribers(self.feedback_topic), now
+            return self.listeners
 
     def on_instruction(self, msg) -> None:
         """A TokenChunk per step on response (published by the server's step thread), then a last one

@@ -110,6 +110,23 @@ def test_cancel_frees_the_sequence_and_the_others_go_on(batch, prompts, solo):
         server.close()
 
 
+def test_prompts_are_prefilled_first_come_first_served_in_chunks_and_stay_exact(batch, prompts, solo):
+    """Five prompt rows per step: every prompt is cut across steps (mid-prompt chunks beside other
+    sequences' rows), each output still equals its solo decoding, and the first arrival of a burst
+    has its first token before the last one's prompt is even read."""
+    server = BatchServer(batch, max_requests=4, max_pending=0, prefill_rows=5)
+    try:
+        streams = finished([server.submit(ids, preset("ar", max_new_tokens=6)) for ids in prompts[:4]])
+        assert [s.tokens for s in streams] == [t[:6] for t in solo[:4]]
+        ttft = [s.stats.ttft_s for s in streams]
+        assert ttft == sorted(ttft) and ttft[0] < ttft[-1]
+        assert server.steps >= sum(len(ids) for ids in prompts[:4]) // 5
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="prefill_rows=510 must be >= 1 and fit beside 4 requests in n_batch=512"):
+        BatchServer(batch, max_requests=4, prefill_rows=510)
+
+
 def test_bad_requests_are_refused_before_they_queue(batch, prompts):
     server = BatchServer(batch, max_requests=1, max_pending=1)
     try:
