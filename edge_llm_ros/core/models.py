@@ -130,8 +130,8 @@ class TorchCausalLM:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.dtype = self.embed_tokens.weight.dtype
-        self.device = self.embed_tokens.weight.device
+        held = next(self.layers[self.layer_ids[0]].parameters())  # a stage may hold no embedding
+        self.dtype, self.device = held.dtype, held.device
         # A [E, V] copy of the head for 1-2 row steps (2x faster on CPU, costs V*E more memory),
         # shared by views of the same model and rebuilt if the head's weights change.
         self._head_copy: dict | None = {} if transposed_head else None
@@ -459,6 +459,24 @@ def load_model(
             _write_cache_entry(entry, lambda tmp: _save_converted(hf, tmp))
     tokenizer = load_tokenizer(path) if with_tokenizer else None
     return TorchCausalLM(hf.to(device).eval(), tokenizer)
+
+
+def weights_folder(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """A Hugging Face folder with safetensors weights for ``source``: the folder itself, or for a
+    GGUF file its converted entry in the model cache (converted now if it is not there yet: that
+    one time loads the whole model). What pipeline stages read their own layers from."""
+    path = _model_path(source)
+    if path.suffix != ".gguf":
+        return path
+    entry = gguf_cache_entry(path, str(dtype).removeprefix("torch."))
+    if entry is None:
+        raise ValueError(f"a stage reads its layers from the converted model cache, which "
+                         f"{MODEL_CACHE_ENV}=0 turns off; unset it or give an HF folder")
+    if not entry.is_dir():
+        load_model(path, dtype=dtype, with_tokenizer=False)
+    if not entry.is_dir():
+        raise ValueError(f"could not convert {path} into the model cache {entry} (see the warning above)")
+    return entry
 
 
 def tiny_llama(

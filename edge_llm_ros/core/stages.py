@@ -1,0 +1,266 @@
+"""Pipeline stages: a contiguous layer range of the target, its own KV caches, and no trees.
+
+Contract: a :class:`Stage` holds the weights of decoder layers ``layers`` only (the first stage
+also the token embedding, the last also the final norm and LM head) and one KV cache per request.
+:meth:`Stage.run` takes :class:`Rows` (token ids at the first stage, hidden states after it),
+runs its layers with the rows' positions and visibility, appends them to the request's cache and
+returns the rows for the next stage, or logits at the last. Stages see rows, positions and masks;
+which rows are a tree, a prompt chunk or one decoded token is the scheduler's business.
+
+Rows of a request, as every stage sees them (the same order everywhere, so every stage's cache
+holds the same rows):
+
+- ``prefix_len`` committed positions that every row may attend to (the prompt and accepted
+  tokens),
+- then the *round's* rows already in the cache, numbered from 0 (a round = what the scheduler
+  may still prune: the draft rows since ``prefix_len``),
+- then this message's rows, round rows ``[first_row, first_row + T)``.
+
+``visible`` (bool ``[T, first_row + T]``) says which round rows each row attends to; None means
+causal (every cached row, and the earlier rows of this message): prompt chunks (Jupiter §IV-A:
+chunk i attends to the cached chunks before it) and plain decoding. A stage checks that its cache
+holds ``prefix_len + first_row`` rows before it runs anything (a lost or stale message is refused,
+never applied to the wrong cache).
+
+Pruning (FlowSpec §III-C): :meth:`Stage.prune` keeps round rows ``keep`` (ascending) in the cache;
+rows still in flight, run by an earlier stage but not yet here, are pruned the same way by
+:func:`prune_rows` when they arrive. Every Rows and every prune carries the scheduler's ``step``
+(one counter per request): a prune of step s applies to rows of steps below s, and a pruned Rows
+takes the prune's step, so no prune is applied twice.
+
+Loading (:func:`load_stage_model`): only the stage's own tensors are read from the safetensors
+file, into a model whose other modules stay on the meta device (no memory): a Jetson holds its
+share of the target, not the whole.
+
+Knows nothing about ROS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .kv_cache import KVCache
+from .models import TorchCausalLM, causal_mask
+
+PRUNE_LOG = 64  # prunes remembered per request, for rows still in flight
+
+
+class StageError(ValueError):
+    """Rows a stage cannot apply: another request's layout, a wrong width, a stale step."""
+
+
+@dataclass
+class Rows:
+    """One message's rows of one request (see the module docstring for the layout)."""
+
+    request_id: str
+    step: int
+    prefix_len: int
+    first_row: int
+    positions: torch.Tensor  # [T] long
+    data: torch.Tensor  # [T] long token ids (into the first stage) or [T, E] hidden states
+    visible: torch.Tensor | None = None  # bool [T, first_row + T]; None = causal
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    def check(self) -> None:
+        """StageError naming the field whose shape disagrees with the rest."""
+        t = len(self)
+        if t == 0:
+            raise StageError(f"request {self.request_id}: no rows")
+        if self.data.shape[0] != t:
+            raise StageError(f"request {self.request_id}: data has {self.data.shape[0]} rows, positions {t}")
+        if self.visible is not None and tuple(self.visible.shape) != (t, self.first_row + t):
+            raise StageError(f"request {self.request_id}: visible is {tuple(self.visible.shape)}, expected "
+                             f"({t}, first_row + rows = {self.first_row + t})")
+        if self.prefix_len < 0 or self.first_row < 0:
+            raise StageError(f"request {self.request_id}: negative prefix_len or first_row")
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Keep round rows ``keep`` (ascending) of a request's round, as of ``step``."""
+
+    request_id: str
+    step: int
+    prefix_len: int
+    keep: tuple[int, ...]
+
+
+def prune_rows(rows: Rows, prune: Prune) -> Rows | None:
+    """``rows`` after ``prune`` (their round rows renumbered, pruned ones gone); None if none is
+    left. Rows of a step at or after the prune's were built after it and come back unchanged."""
+    if rows.step >= prune.step:
+        return rows
+    if rows.prefix_len != prune.prefix_len:
+        raise StageError(f"request {rows.request_id}: rows of step {rows.step} have prefix_len {rows.prefix_len}, "
+                         f"the prune of step {prune.step} prefix_len {prune.prefix_len}")
+    end = rows.first_row + len(rows)
+    keep = [k for k in prune.keep if k < end]
+    mine = [k - rows.first_row for k in keep if k >= rows.first_row]
+    if not mine:
+        return None
+    first = len(keep) - len(mine)
+    visible = None
+    if rows.visible is not None:
+        visible = rows.visible[mine][:, keep]
+    return dataclasses.replace(rows, step=prune.step, first_row=first, positions=rows.positions[mine],
+                               data=rows.data[mine], visible=visible)
+
+
+def additive_mask(rows: Rows, dtype: torch.dtype) -> torch.Tensor | None:
+    """The [T, prefix_len + first_row + T] additive mask of ``rows`` (None: causal over T = 1)."""
+    t, cached = len(rows), rows.prefix_len + rows.first_row
+    if rows.visible is None:
+        return causal_mask(cached, t, dtype) if t > 1 else None
+    allowed = torch.ones(t, cached + t, dtype=torch.bool)
+    allowed[:, rows.prefix_len:] = rows.visible
+    mask = torch.zeros(t, cached + t, dtype=dtype)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+class Stage:
+    """One stage of the target: ``model``'s layers ``layers``; the first stage embeds token ids,
+    the last returns logits (``first``/``last`` as loaded by :func:`load_stage_model`)."""
+
+    def __init__(self, model: TorchCausalLM, layers: range, *, first: bool, last: bool,
+                 capacity: int = 256) -> None:
+        if layers.start < 0 or layers.stop > model.config.num_hidden_layers or len(layers) == 0:
+            raise StageError(f"layers {layers.start}-{layers.stop - 1} are not a range of the model's "
+                             f"{model.config.num_hidden_layers} layers")
+        self.model, self.layers, self.first, self.last = model, layers, first, last
+        self.hidden_size = model.config.hidden_size
+        self.capacity = capacity
+        self.caches: dict[str, KVCache] = {}
+        self.prunes: dict[str, deque[Prune]] = {}
+
+    def __repr__(self) -> str:
+        ends = ("embedding + " if self.first else "") + f"layers {self.layers.start}-{self.layers.stop - 1}"
+        return f"Stage({ends}{' + head' if self.last else ''})"
+
+    def cache_length(self, request_id: str) -> int:
+        cache = self.caches.get(request_id)
+        return 0 if cache is None else cache.length
+
+    def arrive(self, rows: Rows) -> Rows | None:
+        """``rows`` as they are now: every prune this stage saw since the rows' step applied (None:
+        all pruned)."""
+        for prune in self.prunes.get(rows.request_id, ()):
+            rows = prune_rows(rows, prune)
+            if rows is None:
+                return None
+        return rows
+
+    @torch.inference_mode()
+    def run(self, rows: Rows) -> torch.Tensor:
+        """Run the rows (after :meth:`arrive`) through this stage: hidden states [T, E] for the next
+        stage, or logits [T, V] from the last. StageError if the rows do not fit this stage."""
+        rows.check()
+        self._check_data(rows)
+        cache = self.caches.get(rows.request_id)
+        have = 0 if cache is None else cache.length
+        if have != rows.prefix_len + rows.first_row:
+            raise StageError(f"request {rows.request_id}: rows of step {rows.step} expect "
+                             f"{rows.prefix_len + rows.first_row} cached rows (prefix_len {rows.prefix_len} + "
+                             f"first_row {rows.first_row}), {self!r} has {have}")
+        if cache is None:
+            cache = self.caches[rows.request_id] = self.model.new_cache(self.capacity, self.layers)
+        cache.ensure_capacity(have + len(rows))
+        hidden = self.model.embed(rows.data[None]) if self.first else rows.data[None].to(self.model.dtype)
+        out, _ = self.model.run_layers(hidden, rows.positions, additive_mask(rows, self.model.dtype), cache,
+                                       self.layers)
+        return self.model.head(out)[0] if self.last else out[0]
+
+    def _check_data(self, rows: Rows) -> None:
+        if self.first:
+            if rows.data.dim() != 1 or rows.data.dtype != torch.long:
+                raise StageError(f"request {rows.request_id}: data must be token ids [rows] (long) at the "
+                                 f"first stage, got {tuple(rows.data.shape)} {rows.data.dtype}")
+        elif rows.data.dim() != 2 or rows.data.shape[1] != self.hidden_size:
+            raise StageError(f"request {rows.request_id}: data must be hidden states [rows, {self.hidden_size}], "
+                             f"got {tuple(rows.data.shape)}")
+
+    @torch.inference_mode()
+    def prune(self, prune: Prune) -> None:
+        """Keep the prefix and round rows ``prune.keep`` of what this stage's cache holds; remember
+        the prune for rows of earlier steps still on their way here."""
+        log = self.prunes.setdefault(prune.request_id, deque(maxlen=PRUNE_LOG))
+        if log and prune.step <= log[-1].step:
+            raise StageError(f"request {prune.request_id}: prune of step {prune.step} after step {log[-1].step}")
+        log.append(prune)
+        cache = self.caches.get(prune.request_id)
+        if cache is None:
+            return
+        if cache.length < prune.prefix_len:
+            raise StageError(f"request {prune.request_id}: prune at prefix_len {prune.prefix_len}, "
+                             f"{self!r} holds {cache.length} rows")
+        held = cache.length - prune.prefix_len
+        cache.keep([*range(prune.prefix_len), *(prune.prefix_len + k for k in prune.keep if k < held)])
+
+    def release(self, request_id: str) -> None:
+        """Forget a request's cache and prunes."""
+        self.caches.pop(request_id, None)
+        self.prunes.pop(request_id, None)
+
+
+# -- loading only a stage's weights -----------------------------------------------------------------
+
+
+def stage_tensor_names(names: Sequence[str], layers: range, *, first: bool, last: bool) -> list[str]:
+    """The checkpoint tensors a stage needs: its layers', plus the embedding (first stage; also the
+    last's when the head is tied to it) and the final norm and head (last stage)."""
+    wanted = []
+    for name in names:
+        parts = name.split(".")
+        if "layers" in parts:
+            at = parts.index("layers")
+            if int(parts[at + 1]) in layers:
+                wanted.append(name)
+        elif name.endswith("embed_tokens.weight"):
+            if first or (last and "lm_head.weight" not in names):
+                wanted.append(name)
+        elif name.endswith("norm.weight") or name.startswith("lm_head."):
+            if last:
+                wanted.append(name)
+    return wanted
+
+
+def load_stage_model(folder: str | Path, layers: range, *, first: bool, last: bool,
+                     dtype: torch.dtype = torch.float32, tokenizer=None) -> TorchCausalLM:
+    """A TorchCausalLM holding only what stage ``layers`` needs (see :func:`stage_tensor_names`),
+    read from the safetensors files of a Hugging Face folder (models.weights_folder gives one for a
+    GGUF); every other module stays on the meta device and takes no memory."""
+    from accelerate.utils import set_module_tensor_to_device
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {folder}")
+    config = AutoConfig.from_pretrained(str(folder))
+    if layers.start < 0 or layers.stop > config.num_hidden_layers or len(layers) == 0:
+        raise StageError(f"layers {layers.start}-{layers.stop - 1} are not a range of the model's "
+                         f"{config.num_hidden_layers} layers")
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    loaded = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in stage_tensor_names(list(f.keys()), layers, first=first, last=last):
+                tensor = f.get_tensor(name).to(dtype).clone()  # fresh memory: see models._copy_out_of_file
+                set_module_tensor_to_device(hf, name, "cpu", value=tensor)
+                loaded.add(name)
+    if last and not any(n.startswith("lm_head.") for n in loaded):  # a head tied to the embedding
+        embed = next(n for n in loaded if n.endswith("embed_tokens.weight"))
+        hf.lm_head.weight = hf.get_submodule(embed.rsplit(".", 1)[0]).weight
+    with torch.device("cpu"):  # its buffers are computed, not stored
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)
+    return TorchCausalLM(hf.eval(), tokenizer, layers, transposed_head=last)
