@@ -266,16 +266,16 @@ def pipeline_latency(chunk_s: np.ndarray, num_stages: int) -> float:
     return float(chunk_s.sum() + (num_stages - 1) * chunk_s.max())
 
 
-def balance_chunks(q: RowCost, prompt_len: int, max_chunks: int, min_chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def balance_chunks(q: RowCost, prompt_len: int, max_chunks: int, min_chunk: int) -> np.ndarray:
     """Jupiter Eq. 2-3 for k = 1..max_chunks and prefixes j = 0..prompt_len:
 
         W(1 -> j, k) = min_{l < j} max{ W(1 -> l, k-1), T*(j - l, l) }
         T*(x, l) = +inf if x < b, else q(x, l)
-    Returns (W [K+1, y+1], cuts [K+1, y+1]): cuts[k, j] is where the last chunk starts in the
-    best split of tokens 0..j-1 into k chunks. Only j <= prompt_len is ever needed, and q is
-    evaluated once per j, for every start l at once. O(K y^2), vectorised over k and l.
+    Returns cuts [K+1, y+1]: cuts[k, j] is where the last chunk starts in the best split of
+    tokens 0..j-1 into k chunks. Only j <= prompt_len is ever needed, and q is evaluated once
+    per j, for every start l at once. O(K y^2), vectorised over k and l.
     """
-    slowest = np.full((max_chunks + 1, prompt_len + 1), np.inf)
+    slowest = np.full((max_chunks + 1, prompt_len + 1), np.inf)  # W(1 -> j, k)  [k, j]
     slowest[0, 0] = 0.0  # no tokens in no chunks
     cuts = np.zeros((max_chunks + 1, prompt_len + 1), dtype=np.int64)
     rows = np.arange(max_chunks)
@@ -283,10 +283,10 @@ def balance_chunks(q: RowCost, prompt_len: int, max_chunks: int, min_chunk: int)
         starts = np.arange(stop - min_chunk + 1)  # the last chunk is starts..stop-1, >= b tokens
         last = np.asarray(q(stop - starts, starts), dtype=np.float64)  # T*(stop - l, l)  [l]
         spans = np.maximum(slowest[:max_chunks, : len(starts)], last)  # [k-1, l]
-        cut = spans.argmin(axis=1)
+        cut = spans.argmin(axis=1)  # the earliest l on a tie
         cuts[1:, stop] = cut
         slowest[1:, stop] = spans[rows, cut]
-    return slowest, cuts
+    return cuts
 
 
 def split_at(cuts: np.ndarray, k: int, prompt_len: int) -> tuple[int, ...]:
@@ -297,6 +297,11 @@ def split_at(cuts: np.ndarray, k: int, prompt_len: int) -> tuple[int, ...]:
         chunks.append(stop - start)
         stop = start
     return tuple(chunks[::-1])
+
+
+def costed(q: RowCost, chunks: Sequence[int], num_stages: int) -> SequencePlan:
+    chunk_s = chunk_seconds(q, chunks)
+    return SequencePlan(tuple(chunks), tuple(chunk_s.tolist()), pipeline_latency(chunk_s, num_stages))
 
 
 def sequence_plans(prompt_len: int, q: RowCost, num_stages: int, min_chunk: int = 1) -> list[SequencePlan]:
@@ -311,16 +316,10 @@ def sequence_plans(prompt_len: int, q: RowCost, num_stages: int, min_chunk: int 
     if num_stages < 1 or min_chunk < 1:
         raise PartitionError(f"need at least one stage and min_chunk >= 1, got {num_stages} and {min_chunk}")
     if prompt_len < min_chunk:
-        chunk_s = chunk_seconds(q, [prompt_len])
-        return [SequencePlan((prompt_len,), tuple(chunk_s.tolist()), pipeline_latency(chunk_s, num_stages))]
+        return [costed(q, (prompt_len,), num_stages)]
     max_chunks = min(CHUNKS_PER_STAGE * num_stages, prompt_len // min_chunk)
-    _, cuts = balance_chunks(q, prompt_len, max_chunks, min_chunk)
-    plans = []
-    for k in range(1, max_chunks + 1):
-        chunks = split_at(cuts, k, prompt_len)
-        chunk_s = chunk_seconds(q, chunks)
-        plans.append(SequencePlan(chunks, tuple(chunk_s.tolist()), pipeline_latency(chunk_s, num_stages)))
-    return plans
+    cuts = balance_chunks(q, prompt_len, max_chunks, min_chunk)
+    return [costed(q, split_at(cuts, k, prompt_len), num_stages) for k in range(1, max_chunks + 1)]
 
 
 def plan_sequence(prompt_len: int, q: RowCost, num_stages: int, min_chunk: int = 1) -> SequencePlan:
@@ -328,7 +327,9 @@ def plan_sequence(prompt_len: int, q: RowCost, num_stages: int, min_chunk: int =
     return min(sequence_plans(prompt_len, q, num_stages, min_chunk), key=lambda plan: plan.latency_s)
 
 
-def interpolated_cost(rows_grid: Sequence[int], prefix_grid: Sequence[int], seconds: Sequence[Sequence[float]]) -> RowCost:
+def interpolated_cost(
+    rows_grid: Sequence[int], prefix_grid: Sequence[int], seconds: Sequence[Sequence[float]]
+) -> RowCost:
     """q from a profile measured on a grid: ``seconds[i][j]`` for ``rows_grid[i]`` new rows after
     ``prefix_grid[j]`` cached rows (both ascending, at least two points each). Bilinear between
     grid points and linear beyond them along the edge cells, so a prompt longer than the
@@ -405,8 +406,6 @@ def check_ranges(ranges: Sequence[range], num_layers: int) -> None:
                 f"stage {stage} holds {layers_text(layers.start, layers.stop)} but the model has "
                 f"{num_layers} layers (0-{num_layers - 1})"
             )
-    if ranges[0].start > 0:
-        raise PartitionError(f"{layers_are(0, ranges[0].start)} in no stage")
     for stage in range(1, len(ranges)):
         before, layers = ranges[stage - 1], ranges[stage]
         if layers.start < before.start:
@@ -419,6 +418,8 @@ def check_ranges(ranges: Sequence[range], num_layers: int) -> None:
             raise PartitionError(f"{shared} in stage {stage - 1} and stage {stage}")
         if layers.start > before.stop:
             raise PartitionError(f"{layers_are(before.stop, layers.start)} in no stage")
+    if ranges[0].start > 0:
+        raise PartitionError(f"{layers_are(0, ranges[0].start)} in no stage")
     if ranges[-1].stop < num_layers:
         raise PartitionError(f"{layers_are(ranges[-1].stop, num_layers)} in no stage")
 

@@ -212,3 +212,37 @@ def test_a_middle_stage_of_smollm2_grows_its_process_by_a_fraction_of_the_model(
     grown = float(subprocess.run([sys.executable, "-c", RSS_SCRIPT], capture_output=True, text=True, check=True,
                                  timeout=300).stdout.split()[-1])
     assert grown < 0.5 * model_mb, f"a stage of 8 of 30 layers grew RSS by {grown:.0f} MB; the model is {model_mb:.0f} MB"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_rows_cross_the_wire_as_hidden_states_messages(dtype):
+    from edge_llm_ros.core.stages import StageMessage
+    from edge_llm_ros.runtime.interfaces import registry
+
+    visible = torch.tensor([[1, 0, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    rows = Rows("r", 7, 12, 2, torch.tensor([14, 15]), torch.randn(2, 32), visible)
+    reg = registry()
+    msg = reg.new("edge_llm_ros/msg/HiddenStates", **StageMessage.from_rows(rows, stage=1, dtype=dtype).fields())
+    back = StageMessage.from_msg(reg.deserialize(reg.serialize(msg), "edge_llm_ros/msg/HiddenStates")).to_rows(32)
+    assert (back.request_id, back.step, back.prefix_len, back.first_row) == ("r", 7, 12, 2)
+    assert torch.equal(back.positions, rows.positions) and torch.equal(back.visible, visible)
+    torch.testing.assert_close(back.data, rows.data.to(getattr(torch, dtype)).float())
+    ids = StageMessage.from_rows(Rows("r", 0, 0, 0, torch.arange(3), torch.tensor([5, 6, 7])), stage=0)
+    assert ids.dtype == "int64" and ids.mask == b"" and torch.equal(ids.to_rows(None).data, torch.tensor([5, 6, 7]))
+
+
+def test_malformed_hidden_states_are_refused_with_the_field_named():
+    from edge_llm_ros.core.stages import StageMessage, WireError
+
+    good = StageMessage.from_rows(Rows("r", 0, 0, 1, torch.arange(2), torch.randn(2, 32),
+                                       torch.ones(2, 3, dtype=torch.bool)), stage=1)
+    cases = {"shape": (dataclasses.replace(good), 16), "dtype": (dataclasses.replace(good, dtype="float64"), 32),
+             "data": (dataclasses.replace(good, data=good.data[:-4]), 32),
+             "mask": (dataclasses.replace(good, mask=good.mask + b"\0"), 32),
+             "position_ids": (dataclasses.replace(good, position_ids=[]), 32)}
+    for field, (message, width) in cases.items():
+        with pytest.raises(WireError, match=f"^{field}: ") as caught:
+            message.to_rows(width)
+        assert caught.value.field == field
+    with pytest.raises(WireError, match="dtype: token ids into the first stage are int64, got float32"):
+        good.to_rows(None)
