@@ -23,10 +23,12 @@ holds ``prefix_len + first_row`` rows before it runs anything (a lost or stale m
 never applied to the wrong cache).
 
 Pruning (FlowSpec §III-C): :meth:`Stage.prune` keeps round rows ``keep`` (ascending) in the cache;
-rows still in flight, run by an earlier stage but not yet here, are pruned the same way by
-:func:`prune_rows` when they arrive. Every Rows and every prune carries the scheduler's ``step``
-(one counter per request): a prune of step s applies to rows of steps below s, and a pruned Rows
-takes the prune's step, so no prune is applied twice.
+the first ``committed`` of them join the committed positions (the accepted path), so the next
+round counts its rows from ``prefix_len + committed``. Rows still in flight, run by an earlier
+stage but not yet here, are pruned and renumbered the same way by :func:`prune_rows` when they
+arrive. Every Rows and every prune carries the scheduler's ``step`` (one counter per request): a
+prune of step s applies to rows of steps below s, and a pruned Rows takes the prune's step, so no
+prune is applied twice.
 
 Loading (:func:`load_stage_model`): only the stage's own tensors are read from the safetensors
 file, into a model whose other modules stay on the meta device (no memory): a Jetson holds its
@@ -74,6 +76,7 @@ class Rows:
     positions: torch.Tensor  # [T] long
     data: torch.Tensor  # [T] long token ids (into the first stage) or [T, E] hidden states
     visible: torch.Tensor | None = None  # bool [T, first_row + T]; None = causal
+    after_prune: int = 0  # run only once the prune of this step is applied (0: none before them)
 
     def __len__(self) -> int:
         return int(self.positions.shape[0])
@@ -94,12 +97,14 @@ class Rows:
 
 @dataclass(frozen=True)
 class Prune:
-    """Keep round rows ``keep`` (ascending) of a request's round, as of ``step``."""
+    """Keep round rows ``keep`` (ascending) of a request's round, as of ``step``; the first
+    ``committed`` kept rows become committed positions."""
 
     request_id: str
     step: int
     prefix_len: int
     keep: tuple[int, ...]
+    committed: int = 0
 
 
 def prune_rows(rows: Rows, prune: Prune) -> Rows | None:
@@ -115,12 +120,15 @@ def prune_rows(rows: Rows, prune: Prune) -> Rows | None:
     mine = [k - rows.first_row for k in keep if k >= rows.first_row]
     if not mine:
         return None
-    first = len(keep) - len(mine)
+    first = len(keep) - len(mine) - prune.committed
+    if first < 0:  # rows still on their way cannot have been accepted: the scheduler never saw them
+        raise StageError(f"request {rows.request_id}: the prune of step {prune.step} commits rows of step "
+                         f"{rows.step} that are still in flight")
     visible = None
     if rows.visible is not None:
-        visible = rows.visible[mine][:, keep]
-    return dataclasses.replace(rows, step=prune.step, first_row=first, positions=rows.positions[mine],
-                               data=rows.data[mine], visible=visible)
+        visible = rows.visible[mine][:, keep[prune.committed:]]
+    return dataclasses.replace(rows, step=prune.step, prefix_len=prune.prefix_len + prune.committed, first_row=first,
+                               positions=rows.positions[mine], data=rows.data[mine], visible=visible)
 
 
 def additive_mask(rows: Rows, dtype: torch.dtype) -> torch.Tensor | None:
@@ -156,6 +164,12 @@ class Stage:
     def cache_length(self, request_id: str) -> int:
         cache = self.caches.get(request_id)
         return 0 if cache is None else cache.length
+
+    def ready(self, rows: Rows) -> bool:
+        """Whether the prune sent before ``rows`` (``after_prune``) is applied here: rows and prunes
+        travel apart, and rows that overtook their prune must wait for it."""
+        log = self.prunes.get(rows.request_id)
+        return rows.after_prune == 0 or (bool(log) and log[-1].step >= rows.after_prune)
 
     def arrive(self, rows: Rows) -> Rows | None:
         """``rows`` as they are now: every prune this stage saw since the rows' step applied (None:
@@ -232,6 +246,7 @@ class StageMessage:
     stage: int
     prefix_len: int
     first_row: int
+    after_prune: int
     position_ids: list[int]
     mask: bytes
     shape: list[int]
@@ -248,14 +263,14 @@ class StageMessage:
             tensor = tensor.to(WIRE_DTYPES[dtype])
         name = next(k for k, v in WIRE_DTYPES.items() if v == tensor.dtype)
         mask = b"" if rows.visible is None else np.packbits(rows.visible.numpy().astype(np.uint8)).tobytes()
-        return cls(rows.request_id, rows.step, stage, rows.prefix_len, rows.first_row, rows.positions.tolist(), mask,
-                   list(tensor.shape), name, tensor.view(torch.uint8).numpy().tobytes())
+        return cls(rows.request_id, rows.step, stage, rows.prefix_len, rows.first_row, rows.after_prune,
+                   rows.positions.tolist(), mask, list(tensor.shape), name, tensor.view(torch.uint8).numpy().tobytes())
 
     @classmethod
     def from_msg(cls, msg) -> StageMessage:
         """From a received HiddenStates (either runtime's field types)."""
         return cls(str(msg.request_id), int(msg.round), int(msg.stage), int(msg.prefix_len), int(msg.first_row),
-                   [int(p) for p in msg.position_ids], bytes(msg.mask), [int(s) for s in msg.shape], str(msg.dtype),
+                   int(msg.after_prune), [int(p) for p in msg.position_ids], bytes(msg.mask), [int(s) for s in msg.shape], str(msg.dtype),
                    bytes(msg.data))
 
     def fields(self) -> dict:
@@ -298,7 +313,7 @@ class StageMessage:
             visible = torch.from_numpy(bits.reshape(t, cols).astype(bool))
         return Rows(self.request_id, self.round, self.prefix_len, self.first_row,
                     torch.tensor(self.position_ids, dtype=torch.long),
-                    data if width is None else data.to(dtype), visible)
+                    data if width is None else data.to(dtype), visible, self.after_prune)
 
 
 # -- loading only a stage's weights -----------------------------------------------------------------

@@ -117,13 +117,14 @@ def test_prune_keeps_prefix_and_kept_rows_and_prunes_rows_in_flight(tiny, tiny_f
     through(stages, first_segment)
     second_segment = tree_rows("r", 2, p, 3, tokens[3:], parents, depth)  # still between stage 0 and 1:
     in_flight = dataclasses.replace(second_segment, data=stages[0].run(stages[0].arrive(second_segment)))
-    # the scheduler accepts node 0 and keeps the branch 0 -> 1 -> {3, 4} -> 5, dropping node 2
-    prune = Prune("r", 3, p, (0, 1, 3, 4, 5))
+    # the target's choice after the root (node 0) is node 1: the root is committed, node 1 is the new
+    # root, and its subtree 1 -> {3, 4} -> 5 stays; node 2 goes
+    prune = Prune("r", 3, p, (0, 1, 3, 4, 5), committed=1)
     for stage in stages:
         stage.prune(prune)
     assert [s.cache_length("r") for s in stages] == [p + 5, p + 2]  # stage 1 holds only segment 1's kept rows
     arrived = stages[1].arrive(in_flight)
-    assert arrived.first_row == 2 and len(arrived) == 3 and arrived.step == 3
+    assert (arrived.prefix_len, arrived.first_row, len(arrived), arrived.step) == (p + 1, 1, 3, 3)
     out = stages[1].run(arrived)
     # the same logits as one pass over the pruned tree (rows 0, 1, 3, 4, 5 with their ancestors)
     kept = [0, 1, 3, 4, 5]

@@ -1,0 +1,393 @@
+"""Decoding across pipeline stages: what the draft side (FlowSpec's D0) sends, and what it makes of
+what comes back. One scheduler per request; no I/O and no clock.
+
+Contract: :meth:`Scheduler.start` and :meth:`Scheduler.on_output` return :class:`Actions`: rows to
+inject into the first stage (token ids, :class:`~edge_llm_ros.core.stages.Rows`), prunes for every
+stage, the tokens committed by this event, and the finish reason once the request ended (the
+caller then releases it on every stage). An :class:`Output` is the last stage's answer for rows it
+ran: the target's greedy token after each row, with the rows' step, prefix_len and first_row as
+they left the last stage. The nodes (the draft node as D0, stage_node) and the simulator run this
+same code; they differ in what carries the rows and what a step costs.
+
+Modes, all lossless for greedy decoding (every committed token is the target's choice after a row
+whose visible context is exactly the committed tokens before it):
+
+* :class:`PipelineAR`: the naive pipeline; one row in flight, every stage but one idle.
+* :class:`ChunkPP`: FlowSpec's baseline: a draft tree verified as one chunk through every stage,
+  then the next round.
+* :class:`FlowSpec` (§III): score-ordered draft segments in flight back to back. Each returning
+  segment is a continuous SD step: accept what the target confirmed, keep the new root and its
+  subtree (prune, §III-C), expand the tree (context-aware with a new tree from the new root when
+  tokens were accepted, score-aware one level deeper when not, §III-D) and send the next segment.
+  The round ends when the target's token is not in the tree (the continuous condition, Eq. 2).
+
+Prefill is pipelined (Jupiter §IV-A): the prompt enters as chunks (core/partition.plan_sequence)
+back to back. Metrics: ALT = tokens committed per pipeline turn (an answer from the last stage
+while decoding), ALR = tokens per SD round.
+
+Rows cross stages in order on one topic, prunes on another; a Rows carries ``after_prune``, the
+step of the last prune sent before it, so a stage runs it only once that prune is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafters import Drafter, TreeSpec
+from .sampling import Sampler
+from .stages import Prune, Rows, prune_rows
+from .tree import TokenTree
+
+PIPELINE_MODES = ("ar", "chunk_pp", "flowspec")
+
+
+@dataclass
+class Output:
+    """The last stage's answer: the target's greedy token after each of the rows it ran."""
+
+    request_id: str
+    step: int
+    prefix_len: int
+    first_row: int
+    choices: list[int]
+
+
+@dataclass
+class Actions:
+    inject: list[Rows] = field(default_factory=list)
+    prunes: list[Prune] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    finished: str = ""  # eos | length: release the request on every stage
+
+
+class Scheduler:
+    """The common part: pipelined prefill, committing tokens, steps, prunes and turns."""
+
+    mode = ""
+
+    def __init__(self, request_id: str, prompt: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
+                 prefill_chunks: Sequence[int] = ()) -> None:
+        if not prompt:
+            raise ValueError("prompt is empty")
+        chunks = [c for c in prefill_chunks if c > 0] or [len(prompt)]
+        if sum(chunks) != len(prompt):
+            raise ValueError(f"prefill chunks {chunks} do not add up to the prompt's {len(prompt)} tokens")
+        self.request_id, self.prompt, self.chunks = request_id, list(prompt), chunks
+        self.max_new_tokens, self.eos = max_new_tokens, tuple(eos)
+        self.generated: list[int] = []
+        self.step = 0  # the next message's step (rows and prunes share the counter)
+        self.last_prune = 0  # step of the last prune sent (0: none)
+        self.prunes: list[Prune] = []  # sent, to renumber answers that were on their way
+        self.prefilling = len(chunks)
+        self.turns = self.rounds = 0
+        self.finished = ""
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def alt(self) -> float:
+        """Tokens committed per pipeline turn while decoding (the first token, from prefill, excluded)."""
+        return (len(self.generated) - 1) / self.turns if self.turns else 0.0
+
+    @property
+    def alr(self) -> float:
+        """Tokens committed per SD round (the first token excluded)."""
+        return (len(self.generated) - 1) / self.rounds if self.rounds else 0.0
+
+    def start(self) -> Actions:
+        """The prompt's chunks, back to back."""
+        actions, at = Actions(), 0
+        for size in self.chunks:
+            ids = self.prompt[at:at + size]
+            actions.inject.append(self.rows(torch.tensor(ids), torch.arange(at, at + size), at))
+            at += size
+        return actions
+
+    def on_output(self, out: Output) -> Actions:
+        actions = Actions()
+        if self.finished:
+            return actions
+        rows = self.renumbered(out)
+        if rows is None:  # every row of it was pruned on the way
+            return actions
+        if self.prefilling:
+            self.prefilling -= 1
+            if not self.prefilling:  # the prompt's last row: the first token
+                self.commit([int(rows.data[-1])], actions)
+                if not self.finished:
+                    self.begin(actions)
+            return actions
+        self.turns += 1
+        self.decode(rows, actions, out.step)
+        return actions
+
+    # -- for the modes -----------------------------------------------------------------------------
+
+    def begin(self, actions: Actions) -> None:
+        """Decoding starts: the first token is committed (the root of the first round)."""
+        raise NotImplementedError
+
+    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+        """An answer while decoding to the rows sent at ``step``: ``rows.data`` holds the target's
+        choices, the rows renumbered to now."""
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor, positions: torch.Tensor, prefix_len: int, first_row: int = 0,
+             visible: torch.Tensor | None = None) -> Rows:
+        rows = Rows(self.request_id, self.step, prefix_len, first_row, positions, ids, visible, self.last_prune)
+        self.step += 1
+        return rows
+
+    def prune(self, prefix_len: int, keep: Sequence[int], committed: int, actions: Actions) -> Prune:
+        prune = Prune(self.request_id, self.step, prefix_len, tuple(keep), committed)
+        self.step += 1
+        self.last_prune = prune.step
+        self.prunes.append(prune)
+        actions.prunes.append(prune)
+        return prune
+
+    def renumbered(self, out: Output) -> Rows | None:
+        """The answer's rows after every prune sent since they left (None: all pruned)."""
+        rows = Rows(out.request_id, out.step, out.prefix_len, out.first_row, torch.zeros(len(out.choices)),
+                    torch.tensor(out.choices, dtype=torch.long))
+        for prune in self.prunes:
+            if prune.step > rows.step:
+                rows = prune_rows(rows, prune)
+                if rows is None:
+                    return None
+        return rows
+
+    def commit(self, tokens: Sequence[int], actions: Actions) -> None:
+        """Append the target's tokens, up to the token limit or EOS."""
+        for token in tokens:
+            self.generated.append(int(token))
+            actions.tokens.append(int(token))
+            if token in self.eos or len(self.generated) >= self.max_new_tokens:
+                self.finished = actions.finished = "eos" if token in self.eos else "length"
+                return
+
+
+class PipelineAR(Scheduler):
+    """One token per pass through every stage."""
+
+    mode = "ar"
+
+    def begin(self, actions: Actions) -> None:
+        self.send_last(actions)
+
+    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+        self.commit([int(rows.data[-1])], actions)
+        if not self.finished:
+            self.send_last(actions)
+
+    def send_last(self, actions: Actions) -> None:
+        at = len(self.context) - 1
+        actions.inject.append(self.rows(torch.tensor(self.context[-1:]), torch.tensor([at]), at))
+
+
+def walk(tokens: Sequence[int], children: Sequence[Sequence[int]], choices: Sequence[int | None]) -> tuple[list[int], int]:
+    """Greedy acceptance (LLMCad §3.2) over rows whose target choices may be pending (None): the
+    accepted rows below the root (row 0) and the row where the walk stopped, either because its
+    choice is pending or because no child holds it (then that choice is the bonus token)."""
+    node, path = 0, []
+    while choices[node] is not None:
+        nxt = next((c for c in children[node] if tokens[c] == choices[node]), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path, node
+
+
+class ChunkPP(Scheduler):
+    """A draft tree (``spec``) verified as one chunk: root and nodes in one message per round."""
+
+    mode = "chunk_pp"
+
+    def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, spec: TreeSpec, **kwargs) -> None:
+        super().__init__(request_id, prompt, **kwargs)
+        self.drafter, self.spec = drafter, spec
+        self.tree: TokenTree | None = None
+
+    def begin(self, actions: Actions) -> None:
+        self.draft(actions)
+
+    def draft(self, actions: Actions) -> None:
+        self.tree = tree = self.drafter.propose(self.context, self.spec, Sampler(0.0))
+        self.rounds += 1
+        at = len(self.context) - 1
+        actions.inject.append(self.rows(torch.tensor(tree.tokens), tree.position_ids(at), at, 0,
+                                        tree.ancestor_matrix()))
+
+    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+        tree = self.tree
+        path, stop = walk(tree.tokens, tree.children, rows.data.tolist())
+        at = len(self.context) - 1
+        self.commit([tree.tokens[n] for n in path] + [int(rows.data[stop])], actions)
+        if not self.finished:
+            self.prune(at, [0, *path], 1 + len(path), actions)
+            self.draft(actions)
+
+
+@dataclass(frozen=True)
+class FlowSpecShape:
+    """FlowSpec's tree parameters (§IV-A): the initial tree (depth, size), the context-aware
+    expansion's new tree, the score-aware expansion (levels added, nodes taken), the segment
+    length and the segments in flight at most (the stage count fills the pipeline)."""
+
+    init_depth: int = 6
+    init_size: int = 24
+    branch: int = 4
+    expand_depth: int = 4
+    expand_size: int = 8
+    deeper_levels: int = 1
+    deeper_size: int = 4
+    segment: int = 8
+    in_flight: int = 2
+
+    def tree(self, depth: int, size: int) -> TreeSpec:
+        return TreeSpec(depth=depth, branch=self.branch, expand=self.branch, width=size)
+
+
+class FlowSpec(Scheduler):
+    """FlowSpec's D0 for one request (see the module docstring). Round rows are the draft sequence in
+    the order sent: row 0 is the round's root (committed, not yet in the stages' caches)."""
+
+    mode = "flowspec"
+
+    def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, shape: FlowSpecShape = FlowSpecShape(),
+                 **kwargs) -> None:
+        super().__init__(request_id, prompt, **kwargs)
+        self.drafter, self.shape = drafter, shape
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.children: list[list[int]] = []
+        self.depths: list[int] = []
+        self.choices: list[int | None] = []
+        self.sent = 0  # rows [0, sent) were injected
+        self.flying: dict[int, tuple[int, int]] = {}  # step -> (first row, rows) of answers still due
+        self.prefix_len = 0
+
+    def begin(self, actions: Actions) -> None:
+        self.new_round(actions)
+
+    # -- the tree as round rows ----------------------------------------------------------------------
+
+    def add_row(self, parent: int, token: int) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.children.append([])
+        self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        self.choices.append(None)
+        if parent >= 0:
+            self.children[parent].append(len(self.tokens) - 1)
+        return len(self.tokens) - 1
+
+    def merge(self, tree: TokenTree, limit: int) -> int:
+        """Append ``tree``'s nodes (rooted at row 0's token) that are new, best cumulative score first,
+        at most ``limit``; matched by path (FlowSpec's path table). Returns how many were added."""
+        rows = {0: 0}
+        added = 0
+        for j in sorted(range(1, len(tree.tokens)), key=lambda j: (-tree.logscores[j], j)):  # parents first
+            parent = rows.get(tree.parents[j])
+            if parent is None:
+                continue
+            twin = next((c for c in self.children[parent] if self.tokens[c] == tree.tokens[j]), None)
+            if twin is not None:
+                rows[j] = twin
+            elif added < limit:
+                rows[j] = self.add_row(parent, tree.tokens[j])
+                added += 1
+        return added
+
+    def keep_rows(self, keep: list[int], committed: int) -> None:
+        """Renumber to ``keep[committed:]`` (the new round: its root first), as every stage does."""
+        new = {old: i for i, old in enumerate(keep[committed:])}
+        base = self.depths[keep[committed]] if len(keep) > committed else 0
+        self.tokens = [self.tokens[o] for o in new]
+        self.parents = [new.get(self.parents[o], -1) for o in new]
+        self.depths = [self.depths[o] - base for o in new]
+        self.choices = [self.choices[o] for o in new]
+        self.children = [[new[c] for c in self.children[o] if c in new] for o in new]
+        self.sent = sum(1 for o in new if o < self.sent)
+        flying = {}
+        for step, (first, count) in self.flying.items():
+            mine = [new[o] for o in range(first, first + count) if o in new]
+            if mine:
+                flying[step] = (mine[0], len(mine))
+        self.flying = flying
+
+    def subtree(self, row: int) -> list[int]:
+        out, stack = [], [row]
+        while stack:
+            r = stack.pop()
+            out.append(r)
+            stack.extend(self.children[r])
+        return sorted(out)
+
+    # -- the protocol ------------------------------------------------------------------------------
+
+    def new_round(self, actions: Actions) -> None:
+        """Draft initialization (§III-B): root = the last committed token, the initial tree in score
+        order, its segments sent back to back."""
+        self.rounds += 1
+        self.prefix_len = len(self.context) - 1
+        self.tokens, self.parents, self.children, self.depths, self.choices = [], [], [], [], []
+        self.sent = 0
+        self.add_row(-1, self.context[-1])
+        shape = self.shape
+        self.merge(self.drafter.propose(self.context, shape.tree(shape.init_depth, shape.init_size), Sampler(0.0)),
+                   shape.init_size)
+        self.send(actions)
+
+    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+        for offset, choice in enumerate(rows.data.tolist()):
+            self.choices[rows.first_row + offset] = int(choice)
+        self.flying.pop(step, None)
+        path, stop = walk(self.tokens, self.children, self.choices)
+        if self.choices[stop] is not None:  # the target's token is not in the tree: the round ends
+            self.commit([self.tokens[r] for r in path] + [self.choices[stop]], actions)
+            if not self.finished:
+                keep = [0, *path]
+                self.prune(self.prefix_len, keep, len(keep), actions)
+                self.flying = {}  # nothing in flight survives: every answer still due is pruned
+                self.new_round(actions)
+            return
+        shape = self.shape
+        if path:  # accepted up to `stop`, whose answer is pending: it is the new root (§III-C)
+            self.commit([self.tokens[r] for r in path], actions)
+            if self.finished:
+                return
+            keep = [0, *path[:-1], *self.subtree(stop)]
+            committed = len(path)
+            self.prune(self.prefix_len, keep, committed, actions)
+            self.prefix_len += committed
+            self.keep_rows(keep, committed)
+            self.merge(self.drafter.propose(self.context, shape.tree(shape.expand_depth, shape.expand_size),
+                                            Sampler(0.0)), shape.expand_size)  # context-aware expansion
+        else:  # nothing new: grow the tree one level deeper (score-aware expansion)
+            depth = max(self.depths) + shape.deeper_levels
+            self.merge(self.drafter.propose(self.context, shape.tree(depth, len(self.tokens) + shape.deeper_size),
+                                            Sampler(0.0)), shape.deeper_size)
+        self.send(actions)
+
+    def send(self, actions: Actions) -> None:
+        """Segments of unsent rows while fewer than ``shape.in_flight`` answers are due."""
+        while len(self.flying) < self.shape.in_flight and self.sent < len(self.tokens):
+            first, end = self.sent, min(self.sent + self.shape.segment, len(self.tokens))
+            visible = torch.zeros(end - first, end, dtype=torch.bool)
+            for r in range(first, end):
+                node = r
+                while node >= 0:
+                    visible[r - first, node] = True
+                    node = self.parents[node]
+            rows = self.rows(torch.tensor(self.tokens[first:end]),
+                             torch.tensor(self.depths[first:end]) + self.prefix_len, self.prefix_len, first, visible)
+            self.flying[rows.step] = (first, end - first)
+            self.sent = end
+            actions.inject.append(rows)
