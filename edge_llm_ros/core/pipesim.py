@@ -200,3 +200,86 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
     timeline.busy_s = busy
     return timeline
 
+
+
+# -- costs measured on this machine -------------------------------------------------------------------
+
+
+@dataclass
+class LayerProfile:
+    """Measured seconds of one decoder layer for ``rows`` new rows over ``cached`` rows (a grid; the
+    layers of a model share one shape), and of the final norm + head per row count. What the
+    planner (core/partition: t_l and q(x, p)) and the simulator's :class:`CostModel` read."""
+
+    rows: list[int]
+    cached: list[int]
+    layer_s: list[list[float]]  # [rows][cached]
+    head_s: list[float]  # [rows]
+    threads: int = 1
+    source: str = ""
+
+    def q(self):
+        """q(rows, cached) of one layer, interpolated (core/partition.interpolated_cost)."""
+        from .partition import interpolated_cost
+
+        return interpolated_cost(self.rows, self.cached, self.layer_s)
+
+    def head(self, rows: int) -> float:
+        import numpy as np
+
+        return float(np.interp(rows, self.rows, self.head_s))
+
+    def stage_s(self, ranges: Sequence[range], overhead_s: float = 0.0) -> Callable[[int, int, int], float]:
+        """CostModel.stage_s for stages over ``ranges`` (the last one also runs the head)."""
+        import numpy as np
+
+        q = self.q()
+
+        def seconds(stage: int, rows: int, cached: int) -> float:
+            layer = float(q(np.asarray([rows]), np.asarray([cached]))[0])
+            return overhead_s + len(ranges[stage]) * layer + (self.head(rows) if stage == len(ranges) - 1 else 0.0)
+
+        return seconds
+
+    @classmethod
+    def measure(cls, model, rows: Sequence[int] = (1, 4, 8, 16, 32, 64), cached: Sequence[int] = (0, 256, 1024),
+                repeats: int = 3, layer: int = 0) -> LayerProfile:
+        """Time ``model``'s decoder layer ``layer`` (a TorchCausalLM) and its head, with the threads torch
+        has now; the median of ``repeats`` after a warm-up."""
+        import statistics
+        import time
+
+        import torch
+
+        from .models import causal_mask
+
+        def timed(fn) -> float:
+            fn()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+
+        grid, heads = [], []
+        hidden_size = model.config.hidden_size
+        with torch.inference_mode():
+            for n in rows:
+                x = torch.randn(1, n, hidden_size, dtype=model.dtype)
+                line = []
+                for c in cached:
+                    cache = model.new_cache(c + n, range(layer, layer + 1))
+                    cache.length = c
+                    positions = torch.arange(c, c + n)
+                    mask = causal_mask(c, n, model.dtype) if n > 1 else None
+
+                    def run(cache=cache, x=x, positions=positions, mask=mask, c=c):
+                        cache.length = c
+                        model.run_layers(x, positions, mask, cache, range(layer, layer + 1))
+
+                    line.append(timed(run))
+                grid.append(line)
+                heads.append(timed(lambda x=x: model.head(x)) if model.lm_head.weight.device.type != "meta" else 0.0)
+        return cls(list(rows), list(cached), grid, heads, torch.get_num_threads(),
+                   f"measured: {type(model.hf).__name__} layer {layer}, {torch.get_num_threads()} threads")

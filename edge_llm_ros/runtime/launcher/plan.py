@@ -14,6 +14,7 @@ import re
 import runpy
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,10 @@ class LaunchPlan:
     source: Path
     nodes: list[NodeSpec]
     params_file: Path | None = None
+    # The launch file's select_nodes(arguments) -> names of the NODES entries to start, given every
+    # launch argument's value as text (the params file's where none was given): a launch file whose
+    # node count depends on an argument (launch/stages.launch.py). ValueError: the arguments are bad.
+    select: Callable[[dict[str, str]], list[str]] | None = None
 
     def node_params(self) -> dict[str, dict[str, Any]]:
         """Node fqn -> the parameters the params file gives it."""
@@ -154,13 +159,21 @@ class LaunchPlan:
 
 def read_launch_file(path: Path) -> tuple[list[NodeSpec], str | None]:
     """NODES and CONFIG of a launch file, read without calling generate_launch_description()."""
+    nodes, config, _ = _read_launch_scope(path)
+    return nodes, config
+
+
+def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable | None]:
+    """NODES, CONFIG and select_nodes (None if the file has none) of a launch file."""
     try:
         scope = runpy.run_path(str(path), run_name="__edge_llm_launch__")
     except FileNotFoundError:
         raise LaunchError(f"{path}: no such launch file") from None
     except Exception as exc:  # a launch file is user code: any failure is a bad input
         raise LaunchError(f"{path}: cannot load launch file ({type(exc).__name__}: {_one_line(exc)})") from None
-    nodes, config = scope.get("NODES"), scope.get("CONFIG")
+    nodes, config, select = scope.get("NODES"), scope.get("CONFIG"), scope.get("select_nodes")
+    if select is not None and not callable(select):
+        raise LaunchError(f"{path}: select_nodes is a function of the launch arguments, got {select!r}")
     if not isinstance(nodes, (list, tuple)):
         raise LaunchError(f"{path}: a launch file defines NODES = [{{'executable': ..., 'name': ...}}, ...]")
     if config is not None and not isinstance(config, str):
@@ -171,7 +184,7 @@ def read_launch_file(path: Path) -> tuple[list[NodeSpec], str | None]:
         if spec.fqn in seen:
             raise LaunchError(f"{path}: two nodes named {spec.fqn}")
         seen.add(spec.fqn)
-    return specs, config
+    return specs, config, select
 
 
 def find_config(config: str, launch_file: Path) -> Path:
@@ -234,13 +247,13 @@ def load_plan(target: str) -> LaunchPlan:
         return plan_from_params_file(path)
     if path.suffix != ".py" and "/" not in target:
         path = find_launch_file(target)
-    nodes, config = read_launch_file(path)
+    nodes, config, select = _read_launch_scope(path)
     if not nodes:
         raise LaunchError(f"{path}: NODES is empty")
     params_file = find_config(config, path) if config else None
     if params_file is not None:
         list_nodes(params_file)  # a missing or malformed params file fails here, before anything runs
-    return LaunchPlan(path, nodes, params_file)
+    return LaunchPlan(path, nodes, params_file, select)
 
 
 def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
@@ -258,6 +271,26 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
         for node in plan.nodes:
             if node.fqn in declared[key]:
                 node.parameters[key] = _override_text(key, raw, declared[key][node.fqn], plan.params_file)
+    if plan.select is not None:
+        select_nodes(plan, declared, arguments)
+
+
+def select_nodes(plan: LaunchPlan, declared: dict[str, dict[str, Any]], arguments: list[str]) -> None:
+    """Keep the nodes the launch file's select_nodes names for these launch arguments."""
+    values = {}
+    for key, per_node in declared.items():
+        default = next(iter(per_node.values()))
+        values[key] = default if isinstance(default, str) else format_param_value(default)
+    values.update(item.partition(":=")[::2] for item in arguments)
+    try:
+        names = set(plan.select(values))
+    except ValueError as exc:
+        raise LaunchError(f"{plan.source}: {exc}") from None
+    unknown = names - {node.name for node in plan.nodes}
+    if unknown or not names:
+        raise LaunchError(f"{plan.source}: select_nodes named {sorted(unknown) or 'no node'}; NODES has "
+                          f"{', '.join(node.name for node in plan.nodes)}")
+    plan.nodes = [node for node in plan.nodes if node.name in names]
 
 
 def _override_text(key: str, raw: str, default: Any, params_file: Path | None) -> str:

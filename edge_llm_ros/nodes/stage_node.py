@@ -1,0 +1,319 @@
+"""stage_node: one stage of the target split by decoder layers (issue 14; Jupiter, FlowSpec).
+
+One process holds one contiguous range of the target's decoder layers (the first stage also the
+token embedding, the last the final norm and LM head) and one KV cache per request: core's Stage.
+It subscribes `stage_<index>/in` (HiddenStates: token ids into the first stage, hidden states
+after it) and publishes what its layers make on `stage_<index + 1>/in`: hidden states for the
+next stage, sent as `wire_dtype`; from the last stage, the target's output for the scheduler,
+which reads `stage_<count>/in`: the greedy token of each row (`output: argmax`, int64 [rows],
+8 bytes a row, all greedy verification needs) or the logits (`output: logits`, float32 [rows,
+vocab]). An output keeps its rows' request id, round, prefix, positions and mask.
+
+Rows run on one worker thread, in arrival order. A PruneInfo (`prune`) is applied at once,
+between two runs, to the request's cache; rows still waiting are pruned as they are dequeued
+(Stage.arrive), and rows pruned away entirely are dropped. A PruneInfo with `release` frees the
+request's cache.
+
+Every message that cannot be served is answered on `verify` by a final VerifyResult whose `error`
+names this stage and why, e.g. "stage 1 (/edge_llm/stage_1): shape: expected [3, 576] (rows,
+width 576), got [3, 16]": a malformed message (the field at fault), rows that do not fit the
+request's cache, a new request beyond `max_requests` (busy), a stage that is not active. The
+node logs it and goes on serving.
+
+Lifecycle (nodes/managed.py): configure checks the layer range against the model before any
+weights are read, then loads only this stage's tensors (core.stages.load_stage_model) and starts
+the worker; deactivate refuses new rows with an error starting "inactive:"; cleanup frees the
+weights and caches. With `autostart` (the default) it goes to active by itself.
+
+Parameters: StageParams below, all read-only. `layers` gives this stage's range ("11-29", with
+`index` and `count`) or every stage's ("0-10,11-29", this one's being the index-th), as
+launch/stages.launch.py passes it to every stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import queue
+import re
+import threading
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import run_node, stamp
+from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
+from edge_llm_ros.nodes.parameters import param
+from edge_llm_ros.runtime.throttle import flood_note
+
+MAX_WAITING = 1024  # messages queued for the worker; more are refused as busy
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+
+
+def layer_ranges(text: str) -> list[range]:
+    """'0-10,11-29' -> [range(0, 11), range(11, 30)]: inclusive ranges, one per stage ('7' is 7-7;
+    '' is none). ValueError naming the parameter for anything else."""
+    if not text.strip():
+        return []
+    ranges = []
+    for part in text.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None or int(match[1]) > int(match[2] or match[1]):
+            raise ValueError(f"parameter 'layers' takes inclusive layer ranges a-b, comma-separated "
+                             f"(e.g. 0-10,11-29), got {text!r}")
+        ranges.append(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return ranges
+
+
+def range_text(layers: range) -> str:
+    return f"{layers.start}-{layers.stop - 1}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageParams(ManagedParams):
+    model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF)")
+    index: int = param(0, "this stage's place in the pipeline, from 0", low=0, high=1023)
+    count: int = param(0, "stages in the pipeline (0 = as many as layers gives ranges)", low=0, high=1024)
+    layers: str = param("", "decoder layers, inclusive: this stage's a-b, or every stage's a-b,c-d,... "
+                            "(this one's is the index-th); '' = every layer (a single stage)")
+    threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    wire_dtype: str = param("float32", "hidden states are sent as", choices=("float32", "float16", "bfloat16"))
+    output: str = param("argmax", "what the last stage sends: the target's greedy token per row (int64) or "
+                                  "its logits (float32 [rows, vocab])", choices=("argmax", "logits"))
+    capacity: int = param(256, "KV cache rows first allocated per request (it grows)", low=1, high=1_000_000)
+    max_requests: int = param(8, "request caches held at once; rows of a new request beyond are refused "
+                                 "as busy", low=1, high=1024)
+
+    def __post_init__(self) -> None:
+        ranges = layer_ranges(self.layers)
+        if len(ranges) > 1:
+            from edge_llm_ros.core.partition import check_ranges
+
+            if self.count not in (0, len(ranges)):
+                raise ValueError(f"parameter 'count' is {self.count}, but layers gives {len(ranges)} stages "
+                                 f"({self.layers})")
+            if self.index >= len(ranges):
+                raise ValueError(f"parameter 'index' is {self.index}, but layers gives {len(ranges)} stages "
+                                 f"({self.layers})")
+            try:
+                check_ranges(ranges, ranges[-1].stop)  # gaps and overlaps (the model's end: at configure)
+            except ValueError as exc:
+                raise ValueError(f"parameter 'layers' ({self.layers}): {exc}") from None
+        elif self.index >= self.stages():
+            raise ValueError(f"parameter 'index' is {self.index}, but the pipeline has {self.stages()} stage(s) "
+                             "(parameter 'count')")
+        elif self.stages() > 1 and not ranges:
+            raise ValueError("parameter 'layers' must give this stage's range when the pipeline has "
+                             f"{self.stages()} stages")
+        elif self.index == 0 and ranges and ranges[0].start != 0:
+            raise ValueError(f"stage 0 (the first) must start at layer 0, parameter 'layers' is {self.layers}")
+
+    def stages(self) -> int:
+        ranges = layer_ranges(self.layers)
+        return len(ranges) if len(ranges) > 1 else self.count or 1
+
+    def own(self, num_layers: int) -> range:
+        """This stage's layers in a model of ``num_layers``; ValueError saying why they do not fit."""
+        from edge_llm_ros.core.partition import check_ranges
+
+        ranges = layer_ranges(self.layers) or [range(num_layers)]
+        if len(ranges) > 1:
+            try:
+                check_ranges(ranges, num_layers)
+            except ValueError as exc:
+                raise ValueError(f"parameter 'layers' ({self.layers}) does not fit the model's {num_layers} "
+                                 f"layers: {exc}") from None
+            return ranges[self.index]
+        layers, last = ranges[0], self.stages() - 1
+        if layers.stop > num_layers:
+            raise ValueError(f"layers {range_text(layers)} are not in the model, whose {num_layers} layers are "
+                             f"0-{num_layers - 1}")
+        if self.index == last and layers.stop != num_layers:
+            raise ValueError(f"stage {self.index} (the last of {last + 1}) must end at the model's last layer "
+                             f"{num_layers - 1}, its layers are {range_text(layers)}")
+        return layers
+
+
+class StageNode(ManagedNode):
+    def __init__(self) -> None:
+        super().__init__("stage_node", StageParams)
+        p = self.params
+        self.stage = self.inbox = self.worker = None  # while configured
+        self.held: dict[str, list] = {}  # request id -> rows that overtook their prune, in arrival order
+        self.lock = threading.Lock()  # the stage's caches: one run or one prune at a time
+        self.stopping = threading.Event()
+        self.refused = 0
+        self.who = f"stage {p.index} ({self.get_fully_qualified_name()})"
+        self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
+        self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
+        self.out_pub = rt.shaped(self, self.create_publisher(self.HiddenStates, f"stage_{p.index + 1}/in", 100))
+        self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
+        self.create_subscription(self.HiddenStates, f"stage_{p.index}/in", self.on_rows, 100)
+        self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
+
+    def load(self) -> str:
+        from transformers import AutoConfig
+
+        from edge_llm_ros.core.loading import set_threads
+        from edge_llm_ros.core.models import weights_folder
+        from edge_llm_ros.core.stages import Stage, load_stage_model
+
+        p = self.params
+        folder = weights_folder(p.model or None)
+        layers = p.own(AutoConfig.from_pretrained(str(folder)).num_hidden_layers)  # before any weights
+        first, last = p.index == 0, p.index == p.stages() - 1
+        set_threads(p.threads)
+        model = load_stage_model(folder, layers, first=first, last=last)
+        self.stage = Stage(model, layers, first=first, last=last, capacity=p.capacity)
+        self.inbox = queue.Queue(MAX_WAITING)
+        self.stopping.clear()
+        self.worker = threading.Thread(target=self.work, args=(self.inbox,), daemon=True, name="stage")
+        self.worker.start()
+        held = ("embedding + " if first else "") + f"layers {range_text(layers)}" + (" + head" if last else "")
+        sends = p.output if last else f"hidden states as {p.wire_dtype}"
+        return (f"stage {p.index} of {p.stages()}: {held}, {rss_mb():.0f} MB resident; "
+                f"{self.resolve_topic_name(f'stage_{p.index}/in')} -> "
+                f"{self.resolve_topic_name(f'stage_{p.index + 1}/in')} ({sends})")
+
+    def unload(self) -> None:
+        """Stop the worker (the rows being run finish first) and drop the weights and caches."""
+        self.stopping.set()
+        if self.inbox is not None:
+            self.inbox.put(None)
+        if self.worker is not None:
+            self.worker.join(timeout=10)
+        self.stage = self.inbox = self.worker = None
+
+    # -- callbacks: hand over, nothing else ------------------------------------------------------
+
+    def on_rows(self, msg) -> None:
+        """Queue the rows for the worker; answer at once if the node is not active or the queue is full."""
+        inbox = self.inbox
+        if refusal := self.refusal():
+            self.answer(msg.request_id, msg.round, refusal)
+            return
+        try:
+            inbox.put_nowait(msg)
+        except queue.Full:
+            self.answer(msg.request_id, msg.round, f"busy: {MAX_WAITING} messages wait for this stage; retry later")
+
+    def on_prune(self, msg) -> None:
+        """Apply a prune or a release now, between two runs (rows still queued are pruned as they
+        are dequeued). In every configured state: it only frees cache."""
+        from edge_llm_ros.core.stages import Prune, StageError
+
+        stage = self.stage
+        if stage is None:
+            return  # nothing is cached
+        keep = tuple(int(k) for k in msg.keep)
+        if list(keep) != sorted(set(keep)):
+            self.answer(msg.request_id, msg.round, f"keep: round rows must be ascending, without repeats, got "
+                                                   f"{list(keep)[:16]}")
+            return
+        with self.lock:
+            try:
+                if msg.release:
+                    stage.release(msg.request_id)
+                    self.held.pop(msg.request_id, None)
+                else:
+                    stage.prune(Prune(msg.request_id, int(msg.round), int(msg.prefix_len), keep, int(msg.committed)))
+            except StageError as exc:
+                self.answer(msg.request_id, msg.round, f"prune: {exc}")
+            if msg.request_id in self.held:  # rows that waited for this prune may run now
+                with contextlib.suppress(queue.Full):
+                    self.inbox.put_nowait(msg.request_id)
+
+    # -- the worker thread -----------------------------------------------------------------------
+
+    def work(self, inbox) -> None:
+        """Rows in arrival order; rows that overtook their prune (they travel apart) wait for it, and
+        so do the request's later rows. A request id in the inbox: a prune for it came."""
+        while (item := inbox.get()) is not None:
+            if self.stopping.is_set():
+                continue
+            rid = item if isinstance(item, str) else item.request_id
+            with self.lock:
+                held = self.held.get(rid)
+                if held is None and isinstance(item, str):
+                    continue
+                if held is None:
+                    held = self.held[rid] = []
+                if not isinstance(item, str):
+                    held.append(item)
+                while held and self.serve(held[0]):
+                    held.pop(0)
+                if not held:
+                    self.held.pop(rid, None)
+
+    def serve(self, msg) -> bool:
+        """Run one HiddenStates message's rows and publish what comes out, or answer why not (under the
+        lock). False: the prune sent before them is not here yet; they wait."""
+        from edge_llm_ros.core.stages import StageError
+
+        try:
+            rows = self.rows_of(msg)
+            if not self.stage.ready(rows):
+                return False
+            rows = self.stage.arrive(rows)
+            if rows is None:
+                self.get_logger().debug(f"request {msg.request_id[:64]!r} round {msg.round}: every row was "
+                                        "pruned on the way here; dropped")
+                return True
+            if busy := self.busy(rows.request_id):
+                self.answer(msg.request_id, msg.round, busy)
+                return True
+            out = self.stage.run(rows)
+        except StageError as exc:  # a WireError's message starts with the field at fault
+            self.answer(msg.request_id, msg.round, str(exc))
+            return True
+        except Exception as exc:  # the request's cache may be half-written: free it, serve the others
+            if not self.stopping.is_set():
+                self.stage.release(msg.request_id)
+                self.answer(msg.request_id, msg.round, f"stage failed: {exc!r}; the request's cache is freed")
+            return True
+        self.publish(rows, out)
+        return True
+
+    def rows_of(self, msg):
+        """The message's rows (token ids into the first stage); WireError naming the field at fault."""
+        from edge_llm_ros.core.stages import StageMessage, WireError
+
+        message = StageMessage.from_msg(msg)
+        if message.stage != self.params.index:
+            raise WireError("stage", f"expected {self.params.index} (this stage), got {message.stage}")
+        return message.to_rows(None if self.stage.first else self.stage.hidden_size)
+
+    def busy(self, request_id: str) -> str:
+        """'' if the request has a cache here or one more fits; else why it is refused."""
+        held = self.stage.caches
+        if request_id in held or len(held) < self.params.max_requests:
+            return ""
+        return (f"busy: {len(held)} requests hold a cache here (max_requests {self.params.max_requests}); "
+                "release one or retry later")
+
+    def publish(self, rows, out) -> None:
+        """The rows' output on the next stage's topic: hidden states, or the last stage's argmax/logits."""
+        from edge_llm_ros.core.stages import StageMessage
+
+        p = self.params
+        if self.stage.last and p.output == "argmax":
+            out = out.argmax(-1)  # [T] int64
+        dtype = p.wire_dtype if not self.stage.last else "float32"
+        message = StageMessage.from_rows(dataclasses.replace(rows, data=out), p.index + 1, dtype)
+        self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields())))
+
+    def answer(self, request_id: str, round: int, reason: str) -> None:
+        """Refuse a message: an error line here and a final VerifyResult naming this stage and why."""
+        error = f"{self.who}: {reason}"
+        self.refused += 1
+        note = flood_note(self.refused)
+        if note is not None:
+            self.get_logger().error(f"request {request_id[:64]!r} round {round}: {error}{note}")
+        self.verify_pub.publish(stamp(self, self.VerifyResult(request_id=request_id, round=round, final=True,
+                                                              next_token=-1, error=error)))
+
+
+def main(args: list[str] | None = None) -> int:
+    return run_node(StageNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Pipeline stages (issue 14): the target split by decoder layers, one stage_node process per range.
+
+    edge-llm-ros launch stages [layers:=0-10,11-29 wire_dtype:=float16 ...]
+    ros2 launch edge_llm_ros stages.launch.py [layers:=0-7,8-19,20-29 ...]
+
+`layers` gives every stage's decoder layers, inclusive, in order (up to MAX_STAGES ranges). Stage i
+is the node /edge_llm/stage_<i>: it reads rows on /edge_llm/stage_<i>/in and writes what its layers
+make on /edge_llm/stage_<i+1>/in, so the scheduler feeds token ids to /edge_llm/stage_0/in and reads
+the target's greedy tokens (or logits, `output:=logits`) on /edge_llm/stage_<count>/in. Errors come
+back on /edge_llm/verify. Parameters live in config/stages.yaml; every shared one is a launch argument.
+
+NODES lists MAX_STAGES slots (each slot's `index` is in config/stages.yaml); select_nodes starts as
+many as `layers` gives ranges, under both launchers, and refuses ranges with a gap or an overlap
+before anything starts. A stage that dies is started again after 1 s (its requests fail with an
+error meanwhile and are sent again by their client).
+"""
+
+CONFIG = "stages.yaml"
+MAX_STAGES = 8
+
+NODES = [{"executable": "stage_node", "name": f"stage_{index}", "namespace": "edge_llm", "lifecycle": True,
+          "required": False, "respawn": True, "respawn_delay": 1.0} for index in range(MAX_STAGES)]
+
+
+def select_nodes(arguments: dict[str, str]) -> list[str]:
+    """The slots `layers` asks for; ValueError for a gap, an overlap or too many stages."""
+    from edge_llm_ros.core.partition import check_ranges
+    from edge_llm_ros.nodes.stage_node import layer_ranges
+
+    text = arguments["layers"]
+    ranges = layer_ranges(text)
+    if not 1 <= len(ranges) <= MAX_STAGES:
+        raise ValueError(f"layers:={text} gives {len(ranges)} stages; this launch file runs 1 to {MAX_STAGES}")
+    try:
+        check_ranges(ranges, ranges[-1].stop)  # a gap or an overlap, named; the model's end: the last stage's
+    except ValueError as exc:
+        raise ValueError(f"layers:={text}: {exc}") from None
+    return [f"stage_{index}" for index in range(len(ranges))]
+
+
+def generate_launch_description():
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
+    from edge_llm_ros.launch_support import config_path, describe
+    from edge_llm_ros.runtime.params import load_params_file
+
+    def stages(context):
+        chosen = select_nodes({"layers": context.launch_configurations["layers"]})
+        return describe([n for n in NODES if n["name"] in chosen], CONFIG).entities
+
+    default = load_params_file(config_path(CONFIG), "/edge_llm/stage_0")["layers"]
+    return LaunchDescription([
+        DeclareLaunchArgument("layers", default_value=default,
+                              description="every stage's decoder layers, inclusive, e.g. 0-10,11-29"),
+        OpaqueFunction(function=stages),
+    ])
