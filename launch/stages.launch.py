@@ -9,10 +9,12 @@ make on /edge_llm/stage_<i+1>/in, so the scheduler feeds token ids to /edge_llm/
 the target's greedy tokens (or logits, `output:=logits`) on /edge_llm/stage_<count>/in. Errors come
 back on /edge_llm/verify. Parameters live in config/stages.yaml; every shared one is a launch argument.
 
-NODES lists MAX_STAGES slots (each slot's `index` is in config/stages.yaml); select_nodes starts as
-many as `layers` gives ranges, under both launchers, and refuses ranges with a gap or an overlap
-before anything starts. A stage that dies is started again after 1 s (its requests fail with an
-error meanwhile and are sent again by their client).
+draft_node is D0 (FlowSpec): the front door (the `generate` action, `instruction` -> `response`),
+the draft, and the scheduler (modes flowspec, chunk_pp, ar). NODES lists MAX_STAGES stage slots
+(each slot's `index` is in config/stages.yaml); select_nodes starts as many as `layers` gives
+ranges, and draft_node, under both launchers, and refuses ranges with a gap or an overlap before
+anything starts. A node that dies is started again after 1 s (the requests it held fail with an
+error meanwhile, never hang).
 """
 
 CONFIG = "stages.yaml"
@@ -20,6 +22,8 @@ MAX_STAGES = 8
 
 NODES = [{"executable": "stage_node", "name": f"stage_{index}", "namespace": "edge_llm", "lifecycle": True,
           "required": False, "respawn": True, "respawn_delay": 1.0} for index in range(MAX_STAGES)]
+NODES.append({"executable": "draft_node", "name": "draft_node", "namespace": "edge_llm", "lifecycle": True,
+              "required": False, "respawn": True, "respawn_delay": 1.0})
 
 
 def select_nodes(arguments: dict[str, str]) -> list[str]:
@@ -35,7 +39,7 @@ def select_nodes(arguments: dict[str, str]) -> list[str]:
         check_ranges(ranges, ranges[-1].stop)  # a gap or an overlap, named; the model's end: the last stage's
     except ValueError as exc:
         raise ValueError(f"layers:={text}: {exc}") from None
-    return [f"stage_{index}" for index in range(len(ranges))]
+    return [f"stage_{index}" for index in range(len(ranges))] + ["draft_node"]
 
 
 def generate_launch_description():

@@ -83,6 +83,7 @@ class Scheduler:
         self.prunes: list[Prune] = []  # sent, to renumber answers that were on their way
         self.prefilling = len(chunks)
         self.turns = self.rounds = 0
+        self.per_turn: list[int] = []  # tokens committed by each answer while decoding
         self.finished = ""
 
     @property
@@ -124,6 +125,7 @@ class Scheduler:
             return actions
         self.turns += 1
         self.decode(rows, actions, out.step)
+        self.per_turn.append(len(actions.tokens))
         return actions
 
     # -- for the modes -----------------------------------------------------------------------------

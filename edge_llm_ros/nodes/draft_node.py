@@ -27,6 +27,12 @@ Lifecycle (nodes/managed.py): configure loads the drafters and the tokenizer, ac
 deactivate ends new goals and instructions with an error starting "inactive:", cleanup frees the
 drafters. With `autostart` (the default) it goes to active by itself.
 
+Stage pipeline (issue 14): with `layers` set (every stage's decoder layers) the node is FlowSpec's
+D0 in front of those stage_nodes (launch/stages.launch.py) instead of a verifier: modes `flowspec` (continuous
+pipelined speculative decoding), `chunk_pp` (a draft tree verified as one chunk through the
+stages) and `ar` (the naive pipeline), greedy only, all lossless; the prompt enters in chunks of
+`prefill_chunk` tokens back to back (Jupiter's pipelined prefill). See nodes/stage_client.py.
+
 Parameters: DraftParams below, all read-only (a change needs a restart).
 
 On llama.cpp the node loads the target's tokenizer only (no torch weights) and gives each of its
@@ -57,11 +63,12 @@ class VerifierTimeout(TimeoutError):
 
 
 def request_errors() -> tuple[type[Exception], ...]:
-    """What ends one request with an error (the node goes on): no verifier, a rejected draft, a bad
-    prompt or goal, too many requests."""
+    """What ends one request with an error (the node goes on): no verifier, a rejected draft, a failed
+    or gone stage, a bad prompt or goal, too many requests."""
     from edge_llm_ros.core.edge_cloud import DraftRejectedError, RequestLimitError
+    from edge_llm_ros.nodes.stage_client import StageFailed
 
-    return VerifierTimeout, DraftRejectedError, RequestLimitError, ValueError
+    return VerifierTimeout, DraftRejectedError, RequestLimitError, StageFailed, ValueError
 
 
 @dataclass
@@ -107,19 +114,34 @@ class DraftParams(ManagedParams):
     max_requests: int = param(8, "requests at once; more goals are refused as busy", low=1, high=1024)
     proposal_top_k: int = param(64, "top-k of the proposal each drafted token carries (sampled requests)",
                                 low=1, high=1_000_000)
+    layers: str = param("", "a stage pipeline's decoder layers per stage, as launch/stages.launch.py takes them "
+                            "(0-10,11-29): set, this node is D0 in front of those stage_nodes (modes flowspec | "
+                            "chunk_pp | ar) instead of drafting for a verifier")
+    segment: int = param(8, "stage pipeline: draft rows per segment (FlowSpec)", low=1, high=4096)
+    prefill_chunk: int = param(0, "stage pipeline: prompt tokens per prefill chunk, sent back to back (0 = the "
+                                  "whole prompt at once)", low=0, high=1_000_000)
 
     def __post_init__(self) -> None:
         from edge_llm_ros.core import EDGE_MODES
+        from edge_llm_ros.core.pipeline import PIPELINE_MODES
 
-        if self.mode not in EDGE_MODES:
-            raise ValueError(f"parameter 'mode' must be one of {' | '.join(EDGE_MODES)}, got {self.mode!r}")
+        modes = PIPELINE_MODES if self.stages() else EDGE_MODES
+        if self.mode not in modes:
+            raise ValueError(f"parameter 'mode' must be one of {' | '.join(modes)}"
+                             f"{' with layers (a stage pipeline)' if self.stages() else ''}, got {self.mode!r}")
+
+    def stages(self) -> int:
+        """How many stages `layers` gives (0: none, edge-cloud decoding)."""
+        from edge_llm_ros.nodes.stage_node import layer_ranges
+
+        return len(layer_ranges(self.layers))
 
 
 class DraftNode(ManagedNode):
     def __init__(self) -> None:
         super().__init__("draft_node", DraftParams)
         p = self.params
-        self.drafter = self.tokenizer = None  # while configured
+        self.drafter = self.tokenizer = self.stage_drafter = None  # while configured
         self.inboxes: dict[str, queue.Queue] = {}
         self.slots = threading.BoundedSemaphore(p.max_requests)  # one per running goal or instruction
         self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
@@ -140,6 +162,11 @@ class DraftNode(ManagedNode):
                                              cancel_callback=lambda handle: rt.CancelResponse.ACCEPT)
         if p.stats_period_s > 0:
             self.create_timer(p.stats_period_s, self.publish_recent_stats)
+        self.stages = None
+        if p.stages():
+            from edge_llm_ros.nodes.stage_client import StageClient
+
+            self.stages = StageClient(self, p.stages(), p.timeout_s, self.inboxes, self.prune_pub)
 
     def load(self) -> str:
         import torch
@@ -164,6 +191,10 @@ class DraftNode(ManagedNode):
                                                     p.threads or None)
         except LoadError as exc:
             raise ValueError(f"parameter 'draft': {exc}") from exc
+        if self.stages is not None:
+            self.stage_drafter = drafts[0].drafter
+            return (f"D0 of a stage pipeline, drafting with {drafts[0].description} on {backend} ({why}), mode "
+                    f"{p.mode}: {self.stages.describe()}")
         self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft,
                                         workers=p.predraft_workers, max_requests=p.max_requests,
                                         proposal_top_k=p.proposal_top_k)
@@ -174,7 +205,7 @@ class DraftNode(ManagedNode):
     def unload(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
-        self.drafter = self.tokenizer = None
+        self.drafter = self.tokenizer = self.stage_drafter = None
 
     # -- callbacks ---------------------------------------------------------------------------------
 
@@ -214,20 +245,26 @@ class DraftNode(ManagedNode):
         """(edge mode, GenerationConfig): the node's, with the goal's overrides; ValueError if the
         node is not active or the goal is bad."""
         from edge_llm_ros.core import EDGE_MODES, preset
+        from edge_llm_ros.core.pipeline import PIPELINE_MODES
 
         if refusal := self.refusal():
             raise ValueError(refusal)
         p = self.params
         mode = (goal.mode if goal is not None else "") or p.mode
-        if mode not in EDGE_MODES:
-            raise ValueError(f"mode must be one of {' | '.join(EDGE_MODES)} (or empty: the node's {p.mode}), "
+        modes = PIPELINE_MODES if self.stages is not None else EDGE_MODES
+        if mode not in modes:
+            raise ValueError(f"mode must be one of {' | '.join(modes)} (or empty: the node's {p.mode}), "
                              f"got {mode!r}")
-        base = preset(EDGE_MODES[mode][0], gamma=p.gamma, max_new_tokens=p.max_new_tokens)
+        base = preset("ar" if self.stages is not None else EDGE_MODES[mode][0], gamma=p.gamma,
+                      max_new_tokens=p.max_new_tokens)
         if goal is None:
             return mode, base
         if len(goal.images) or len(goal.choices):
             raise ValueError("images and choices are not supported by draft_node (text only)")
-        return mode, base.with_overrides(**goal_overrides(goal, p.max_new_tokens))
+        config = base.with_overrides(**goal_overrides(goal, p.max_new_tokens))
+        if self.stages is not None and not config.greedy:
+            raise ValueError(f"the stage pipeline decodes greedily for now: send temperature 0, got {config.temperature}")
+        return mode, config
 
     def prompt_ids(self, text: str) -> list[int]:
         from edge_llm_ros.core import chat_prompt, encode
@@ -246,6 +283,9 @@ class DraftNode(ManagedNode):
 
         if not prompt.strip():
             raise ValueError("prompt is empty")
+        if self.stages is not None:
+            yield from self.stream_stages(prompt, mode, config, finished)
+            return
         drafter = self.drafter
         if drafter is None:
             raise ValueError(self.refusal() or "not configured")
@@ -270,6 +310,36 @@ class DraftNode(ManagedNode):
             finished.stats = drafter.end(rid)
             finished.wall_s = time.monotonic() - started
             self.prune_pub.publish(stamp(self, self.PruneInfo(request_id=rid, release=True)))
+            self.end_request(rid, mode, config, finished)
+
+    def stream_stages(self, prompt: str, mode: str, config, finished: Finished):
+        """stream() through the stage pipeline: one Step per answer that commits tokens."""
+        from edge_llm_ros.core.decoding import eos_ids
+        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.nodes.stage_client import pipeline_scheduler, scheduler_stats
+
+        drafter = self.stage_drafter
+        if drafter is None:
+            raise ValueError(self.refusal() or "not configured")
+        rid, decoder, started = uuid.uuid4().hex[:12], IncrementalDecoder(self.tokenizer), time.monotonic()
+        ids = self.prompt_ids(prompt)
+        p = self.params
+        scheduler = pipeline_scheduler(mode, rid, ids, drafter, max_new_tokens=config.max_new_tokens,
+                                       eos=eos_ids(self, config), segment=p.segment, in_flight=p.stages(),
+                                       prefill_chunk=p.prefill_chunk)
+        try:
+            for tokens in self.stages.run(scheduler):
+                if not finished.tokens:
+                    finished.ttft_s = time.monotonic() - started
+                finished.tokens += tokens
+                text = "".join(decoder.push(t) for t in tokens)
+                if scheduler.finished:
+                    text += decoder.finish()
+                    finished.reason = scheduler.finished
+                yield Step(tokens, text, [])
+        finally:
+            finished.wall_s = time.monotonic() - started
+            finished.stats = scheduler_stats(scheduler)
             self.end_request(rid, mode, config, finished)
 
     def await_final(self, inbox: queue.Queue, tokens: int):

@@ -1,0 +1,147 @@
+"""The draft side's end of the stage pipeline (FlowSpec's D0): what draft_node runs when `stages` > 0.
+
+A request is a core.pipeline scheduler (ar, chunk_pp or flowspec). Its rows go to the first stage
+on `stage_0/in` (HiddenStates, token ids), its prunes and, at the end, a release to every stage on
+`prune`; the last stage's answers come back on `stage_<count>/in` (the target's greedy token per
+row) and the stages' refusals on `verify` (a final VerifyResult with `error`, routed here by the
+node). :meth:`StageClient.run` yields the tokens each answer commits.
+
+A request never hangs: with no answer for `timeout_s` it ends with an error naming the stages that
+nothing serves any more (no subscriber on their topic), checked every PEER_CHECK_S as well, so a
+dead stage ends its requests within about two seconds.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import stamp
+
+PEER_CHECK_S = 1.0
+
+
+class StageFailed(RuntimeError):
+    """A stage refused the request's rows, is gone, or nothing answered in time."""
+
+
+class StageClient:
+    def __init__(self, node, count: int, timeout_s: float, inboxes: dict, prune_pub) -> None:
+        self.node, self.count, self.timeout_s = node, count, timeout_s
+        self.inboxes, self.prune_pub = inboxes, prune_pub  # shared with the node: `verify` errors land there
+        self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
+        self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
+        self.rows_pub = rt.shaped(node, node.create_publisher(self.HiddenStates, "stage_0/in", 100))
+        self.answers = node.create_subscription(self.HiddenStates, f"stage_{count}/in", self.on_answer, 100)
+
+    def describe(self) -> str:
+        resolve = self.node.resolve_topic_name
+        return f"{resolve('stage_0/in')} -> {self.count} stage(s) -> {resolve(f'stage_{self.count}/in')}"
+
+    def on_answer(self, msg) -> None:
+        inbox = self.inboxes.get(msg.request_id)
+        if inbox is not None:
+            inbox.put(msg)
+
+    def run(self, scheduler) -> Iterator[list[int]]:
+        """Drive one request: yield the tokens each answer commits, until the scheduler finishes.
+        StageFailed if a stage refuses it, dies, or nothing answers within timeout_s."""
+        from edge_llm_ros.core.pipeline import Output
+        from edge_llm_ros.core.stages import StageMessage, WireError
+
+        rid = scheduler.request_id
+        inbox: queue.Queue = queue.Queue()
+        self.inboxes[rid] = inbox
+        try:
+            self.act(scheduler.start())
+            while not scheduler.finished:
+                msg = self.wait(inbox, len(scheduler.generated))
+                if hasattr(msg, "error"):  # a stage's refusal (a VerifyOutcome from the node's `verify`)
+                    raise StageFailed(msg.error or "a stage answered with an empty error")
+                try:
+                    answer = StageMessage.from_msg(msg)
+                    choices = answer.to_rows(None).data.tolist()
+                except WireError as exc:
+                    raise StageFailed(f"the last stage's answer is malformed: {exc} (is `output` argmax?)") from exc
+                actions = scheduler.on_output(Output(rid, answer.round, answer.prefix_len, answer.first_row, choices))
+                self.act(actions)
+                if actions.tokens:
+                    yield actions.tokens
+        finally:
+            self.inboxes.pop(rid, None)
+            self.prune_pub.publish(stamp(self.node, self.PruneInfo(request_id=rid, release=True)))
+
+    def act(self, actions) -> None:
+        """Prunes first (rows sent after them wait for them at each stage), then the rows."""
+        from edge_llm_ros.core.stages import StageMessage
+
+        for prune in actions.prunes:
+            self.prune_pub.publish(stamp(self.node, self.PruneInfo(
+                request_id=prune.request_id, round=prune.step, prefix_len=prune.prefix_len, keep=list(prune.keep),
+                committed=prune.committed)))
+        for rows in actions.inject:
+            self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
+
+    def wait(self, inbox: queue.Queue, tokens: int):
+        """The request's next answer or refusal; StageFailed after timeout_s, or once a stage has no
+        subscriber in two checks PEER_CHECK_S apart."""
+        deadline, absent = time.monotonic() + self.timeout_s, 0
+        while True:
+            try:
+                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
+            except queue.Empty:
+                pass
+            gone = self.gone()
+            absent = absent + 1 if gone else 0
+            if absent >= 2:
+                raise StageFailed(f"{gone} gone: nothing subscribes to its input any more (it died or is "
+                                  f"restarting; {tokens} token(s) committed)")
+            if time.monotonic() >= deadline:
+                raise StageFailed(f"no answer from the last stage within timeout_s={self.timeout_s:g} s "
+                                  f"({tokens} token(s) committed): are {self.count} stage_node(s) running?")
+
+    def gone(self) -> str:
+        """The stages whose input topic nothing subscribes to, e.g. 'stage 1 (/edge_llm/stage_1/in)'."""
+        missing = [f"stage {i} ({self.node.resolve_topic_name(f'stage_{i}/in')})" for i in range(self.count)
+                   if self.node.count_subscribers(f"stage_{i}/in") == 0]
+        return ", ".join(missing)
+
+
+def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *, max_new_tokens: int, eos,
+                       segment: int, in_flight: int, prefill_chunk: int):
+    """The core.pipeline scheduler of ``mode`` for one request: the prompt in chunks of
+    ``prefill_chunk`` tokens (0: one chunk); FlowSpec with ``segment`` rows a segment and up to
+    ``in_flight`` segments on their way; Chunk-PP verifying FlowSpec's initial tree as one chunk."""
+    from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
+
+    size = prefill_chunk or len(prompt)
+    chunks = [min(size, len(prompt) - at) for at in range(0, len(prompt), size)]
+    common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks)
+    shape = FlowSpecShape(segment=segment, in_flight=in_flight)
+    if mode == "flowspec":
+        return FlowSpec(request_id, prompt, drafter, shape, **common)
+    if mode == "chunk_pp":
+        return ChunkPP(request_id, prompt, drafter, shape.tree(shape.init_depth, shape.init_size), **common)
+    return PipelineAR(request_id, prompt, **common)
+
+
+@dataclass
+class PipelineStats:
+    """A finished request's numbers in the shape draft_node's stats read (EE's fields stay empty)."""
+
+    accepted: list[int]  # tokens committed per pipeline turn
+    alt: float = 0.0
+    alr: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    hit_layers: list[int] = field(default_factory=list)
+    critical_draft_s: float = 0.0
+    verify_s: float = 0.0
+    ignored: dict = field(default_factory=dict)
+
+
+def scheduler_stats(scheduler) -> PipelineStats:
+    return PipelineStats(list(scheduler.per_turn), scheduler.alt, scheduler.alr)
