@@ -41,7 +41,8 @@ from .sampling import Sampler
 from .stages import Prune, Rows, prune_rows
 from .tree import TokenTree
 
-PIPELINE_MODES = ("ar", "chunk_pp", "flowspec")
+LOSSLESS_PIPELINE_MODES = ("ar", "chunk_pp", "flowspec")
+PIPELINE_MODES = (*LOSSLESS_PIPELINE_MODES, "outline")  # outline: core/outline.py, NOT lossless by design
 
 
 @dataclass
@@ -69,16 +70,21 @@ class Scheduler:
     mode = ""
 
     def __init__(self, request_id: str, prompt: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
-                 prefill_chunks: Sequence[int] = ()) -> None:
+                 prefill_chunks: Sequence[int] = (), fork_from: str = "", cached: int = 0) -> None:
         if not prompt:
             raise ValueError("prompt is empty")
-        chunks = [c for c in prefill_chunks if c > 0] or [len(prompt)]
-        if sum(chunks) != len(prompt):
-            raise ValueError(f"prefill chunks {chunks} do not add up to the prompt's {len(prompt)} tokens")
+        if not 0 <= cached < len(prompt) or bool(cached) != bool(fork_from):
+            raise ValueError(f"a forked request reuses 0 < cached < {len(prompt)} prompt rows of fork_from; got "
+                             f"cached {cached}, fork_from {fork_from!r}")
+        chunks = [c for c in prefill_chunks if c > 0] or [len(prompt) - cached]
+        if sum(chunks) != len(prompt) - cached:
+            raise ValueError(f"prefill chunks {chunks} do not add up to the prompt's {len(prompt) - cached} "
+                             f"uncached tokens")
         self.request_id, self.prompt, self.chunks = request_id, list(prompt), chunks
+        self.fork_from, self.cached = fork_from, cached
         self.max_new_tokens, self.eos = max_new_tokens, tuple(eos)
         self.generated: list[int] = []
-        self.step = 0  # the next message's step (rows and prunes share the counter)
+        self.step = 1  # the next message's step (rows and prunes share the counter; 0 = "no prune")
         self.last_prune = 0  # step of the last prune sent (0: none)
         self.prunes: list[Prune] = []  # sent, to renumber answers that were on their way
         self.prefilling = len(chunks)
@@ -100,9 +106,20 @@ class Scheduler:
         """Tokens committed per SD round (the first token excluded)."""
         return (len(self.generated) - 1) / self.rounds if self.rounds else 0.0
 
+    @property
+    def committed_in_cache(self) -> int:
+        """Committed tokens that every stage's cache holds once the request ended and its answers are
+        in (what another request may fork)."""
+        return len(self.context) - 1
+
     def start(self) -> Actions:
-        """The prompt's chunks, back to back."""
-        actions, at = Actions(), 0
+        """The prompt's chunks, back to back (after the fork of a shared prompt, if any)."""
+        actions, at = Actions(), self.cached
+        if self.fork_from:
+            fork = Prune(self.request_id, self.step, self.cached, fork_from=self.fork_from)
+            self.step += 1
+            self.last_prune = fork.step
+            actions.prunes.append(fork)
         for size in self.chunks:
             ids = self.prompt[at:at + size]
             actions.inject.append(self.rows(torch.tensor(ids), torch.arange(at, at + size), at))
@@ -215,14 +232,19 @@ class ChunkPP(Scheduler):
         super().__init__(request_id, prompt, **kwargs)
         self.drafter, self.spec = drafter, spec
         self.tree: TokenTree | None = None
+        self.round_prefix = 0
 
     def begin(self, actions: Actions) -> None:
         self.draft(actions)
 
+    @property
+    def committed_in_cache(self) -> int:
+        return self.round_prefix  # the last round's rows were run, but no prune kept them
+
     def draft(self, actions: Actions) -> None:
         self.tree = tree = self.drafter.propose(self.context, self.spec, Sampler(0.0))
         self.rounds += 1
-        at = len(self.context) - 1
+        at = self.round_prefix = len(self.context) - 1
         actions.inject.append(self.rows(torch.tensor(tree.tokens), tree.position_ids(at), at, 0,
                                         tree.ancestor_matrix()))
 
@@ -274,6 +296,10 @@ class FlowSpec(Scheduler):
         self.sent = 0  # rows [0, sent) were injected
         self.flying: dict[int, tuple[int, int]] = {}  # step -> (first row, rows) of answers still due
         self.prefix_len = 0
+
+    @property
+    def committed_in_cache(self) -> int:
+        return self.prefix_len  # rows of the round beyond it may hold drafts nobody pruned
 
     def begin(self, actions: Actions) -> None:
         self.new_round(actions)

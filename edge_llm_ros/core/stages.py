@@ -98,19 +98,22 @@ class Rows:
 @dataclass(frozen=True)
 class Prune:
     """Keep round rows ``keep`` (ascending) of a request's round, as of ``step``; the first
-    ``committed`` kept rows become committed positions."""
+    ``committed`` kept rows become committed positions. With ``fork_from``: the request starts
+    instead as a copy of that request's first ``prefix_len`` cached rows (a shared prompt, Jupiter
+    §V-B), applied in order with the source's own prunes (both arrive on one topic)."""
 
     request_id: str
     step: int
     prefix_len: int
-    keep: tuple[int, ...]
+    keep: tuple[int, ...] = ()
     committed: int = 0
+    fork_from: str = ""
 
 
 def prune_rows(rows: Rows, prune: Prune) -> Rows | None:
     """``rows`` after ``prune`` (their round rows renumbered, pruned ones gone); None if none is
     left. Rows of a step at or after the prune's were built after it and come back unchanged."""
-    if rows.step >= prune.step:
+    if rows.step >= prune.step or prune.fork_from:
         return rows
     if rows.prefix_len != prune.prefix_len:
         raise StageError(f"request {rows.request_id}: rows of step {rows.step} have prefix_len {rows.prefix_len}, "
@@ -217,6 +220,9 @@ class Stage:
         if log and prune.step <= log[-1].step:
             raise StageError(f"request {prune.request_id}: prune of step {prune.step} after step {log[-1].step}")
         log.append(prune)
+        if prune.fork_from:
+            self.fork(prune.fork_from, prune.request_id, prune.prefix_len)
+            return
         cache = self.caches.get(prune.request_id)
         if cache is None:
             return
@@ -225,6 +231,20 @@ class Stage:
                              f"{self!r} holds {cache.length} rows")
         held = cache.length - prune.prefix_len
         cache.keep([*range(prune.prefix_len), *(prune.prefix_len + k for k in prune.keep if k < held)])
+
+    @torch.inference_mode()
+    def fork(self, source: str, request_id: str, length: int) -> None:
+        """Start ``request_id``'s cache as a copy of ``source``'s first ``length`` rows."""
+        held = self.caches.get(source)
+        if held is None or held.length < length:
+            raise StageError(f"request {request_id}: cannot fork {length} rows of request {source}, {self!r} holds "
+                             f"{0 if held is None else held.length}")
+        if request_id in self.caches:
+            raise StageError(f"request {request_id}: already has a cache here; fork only a new request")
+        cache = self.caches[request_id] = self.model.new_cache(max(self.capacity, length), self.layers)
+        cache.k[:, :, :, :length] = held.k[:, :, :, :length]
+        cache.v[:, :, :, :length] = held.v[:, :, :, :length]
+        cache.length = length
 
     def release(self, request_id: str) -> None:
         """Forget a request's cache and prunes."""

@@ -313,20 +313,37 @@ class DraftNode(ManagedNode):
             self.end_request(rid, mode, config, finished)
 
     def stream_stages(self, prompt: str, mode: str, config, finished: Finished):
-        """stream() through the stage pipeline: one Step per answer that commits tokens."""
+        """stream() through the stage pipeline: one Step per answer that commits tokens (outline: one
+        per point)."""
         from edge_llm_ros.core.decoding import eos_ids
-        from edge_llm_ros.core.detokenize import IncrementalDecoder
-        from edge_llm_ros.nodes.stage_client import pipeline_scheduler, scheduler_stats
+        from edge_llm_ros.nodes.stage_client import pipeline_scheduler
 
         drafter = self.stage_drafter
         if drafter is None:
             raise ValueError(self.refusal() or "not configured")
-        rid, decoder, started = uuid.uuid4().hex[:12], IncrementalDecoder(self.tokenizer), time.monotonic()
-        ids = self.prompt_ids(prompt)
-        p = self.params
-        scheduler = pipeline_scheduler(mode, rid, ids, drafter, max_new_tokens=config.max_new_tokens,
-                                       eos=eos_ids(self, config), segment=p.segment, in_flight=p.stages(),
-                                       prefill_chunk=p.prefill_chunk)
+        rid, started, p = uuid.uuid4().hex[:12], time.monotonic(), self.params
+        eos = eos_ids(self, config)
+
+        def make(request_id, ids, max_new_tokens, mode=mode, **fork):
+            return pipeline_scheduler(mode, request_id, ids, drafter, max_new_tokens=max_new_tokens, eos=eos,
+                                      segment=p.segment, in_flight=p.stages(), prefill_chunk=p.prefill_chunk, **fork)
+
+        try:
+            if mode == "outline":
+                yield from self.stream_outline(prompt, rid, make, config, finished, started)
+            else:
+                yield from self.stream_scheduler(make(rid, self.prompt_ids(prompt), config.max_new_tokens), finished,
+                                                 started)
+        finally:
+            finished.wall_s = time.monotonic() - started
+            self.end_request(rid, mode, config, finished)
+
+    def stream_scheduler(self, scheduler, finished: Finished, started: float):
+        """One request through the stages, a Step per answer that commits tokens."""
+        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.nodes.stage_client import scheduler_stats
+
+        decoder = IncrementalDecoder(self.tokenizer)
         try:
             for tokens in self.stages.run(scheduler):
                 if not finished.tokens:
@@ -338,9 +355,54 @@ class DraftNode(ManagedNode):
                     finished.reason = scheduler.finished
                 yield Step(tokens, text, [])
         finally:
-            finished.wall_s = time.monotonic() - started
             finished.stats = scheduler_stats(scheduler)
-            self.end_request(rid, mode, config, finished)
+
+    def stream_outline(self, prompt: str, rid: str, make, config, finished: Finished, started: float):
+        """Outline decoding (core/outline.py, NOT lossless): the outline with flowspec, then every point
+        at once through the stages, streamed point by point in order; an outline of fewer than two
+        points: the plain flowspec answer instead."""
+        from edge_llm_ros.core.decoding import eos_ids
+        from edge_llm_ros.core.outline import Outline
+        from edge_llm_ros.nodes.stage_client import scheduler_stats
+
+        def flowspec(request_id, ids, max_new_tokens, **fork):
+            return make(request_id, ids, max_new_tokens, mode="flowspec", **fork)
+
+        outline = Outline(rid, self.tokenizer, prompt, flowspec, point_tokens=config.max_new_tokens,
+                          eos=eos_ids(self, config))
+        first, forked = outline.first(), False
+        try:
+            for _ in self.stages.run_many([first], release_own=False):
+                pass
+            points = outline.expand()
+            if not points:
+                self.get_logger().info(f"outline {rid}: {len(outline.points)} point(s) in the outline "
+                                       f"{outline.outline_text()[:160]!r}; answering plainly with flowspec")
+                yield from self.stream_scheduler(flowspec(rid, self.prompt_ids(prompt), config.max_new_tokens),
+                                                 finished, started)
+                return
+            forked, shown = True, 0
+            for _ in self.stages.run_many(points, release=(first.request_id,)):
+                while shown < len(points) and points[shown].finished:
+                    yield self.outline_step(outline, shown, finished, started)
+                    shown += 1
+            while shown < len(points):
+                yield self.outline_step(outline, shown, finished, started)
+                shown += 1
+            finished.reason = "length" if any(s.finished == "length" for s in points) else "eos"
+            finished.stats = scheduler_stats(first)
+        finally:
+            if not forked:
+                self.stages.release(first.request_id)
+
+    def outline_step(self, outline, index: int, finished: Finished, started: float) -> Step:
+        """Point ``index``'s expansion as one Step: its tokens (no end-of-answer), "N. text" and a newline."""
+        point = outline.expansions[index]
+        tokens = [t for t in point.generated if t not in outline.eos]
+        if not finished.tokens:
+            finished.ttft_s = time.monotonic() - started
+        finished.tokens += tokens
+        return Step(tokens, outline.point_text(index) + "\n", [])
 
     def await_final(self, inbox: queue.Queue, tokens: int):
         """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier

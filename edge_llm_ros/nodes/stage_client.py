@@ -49,30 +49,50 @@ class StageClient:
     def run(self, scheduler) -> Iterator[list[int]]:
         """Drive one request: yield the tokens each answer commits, until the scheduler finishes.
         StageFailed if a stage refuses it, dies, or nothing answers within timeout_s."""
+        for _, tokens in self.run_many([scheduler]):
+            yield tokens
+
+    def run_many(self, schedulers: list, release: tuple[str, ...] = (),
+                 release_own: bool = True) -> Iterator[tuple[int, list[int]]]:
+        """Drive several requests at once through the stages (their rows interleave, so every stage
+        has work): yield (index, tokens) as answers commit them, until every scheduler finished. At
+        the end every request is released (unless ``release_own`` is false: another request forks it
+        next), and so are the ids in ``release`` (a request they forked from: its cache is needed
+        until their forks are applied, which the stages do in order)."""
         from edge_llm_ros.core.pipeline import Output
         from edge_llm_ros.core.stages import StageMessage, WireError
 
-        rid = scheduler.request_id
         inbox: queue.Queue = queue.Queue()
-        self.inboxes[rid] = inbox
+        index = {s.request_id: i for i, s in enumerate(schedulers)}
+        for rid in index:
+            self.inboxes[rid] = inbox
         try:
-            self.act(scheduler.start())
-            while not scheduler.finished:
-                msg = self.wait(inbox, len(scheduler.generated))
+            for scheduler in schedulers:
+                self.act(scheduler.start())
+            while not all(s.finished for s in schedulers):
+                msg = self.wait(inbox, sum(len(s.generated) for s in schedulers))
                 if hasattr(msg, "error"):  # a stage's refusal (a VerifyOutcome from the node's `verify`)
                     raise StageFailed(msg.error or "a stage answered with an empty error")
+                scheduler = schedulers[index[msg.request_id]]
                 try:
                     answer = StageMessage.from_msg(msg)
                     choices = answer.to_rows(None).data.tolist()
                 except WireError as exc:
                     raise StageFailed(f"the last stage's answer is malformed: {exc} (is `output` argmax?)") from exc
-                actions = scheduler.on_output(Output(rid, answer.round, answer.prefix_len, answer.first_row, choices))
+                actions = scheduler.on_output(Output(answer.request_id, answer.round, answer.prefix_len,
+                                                     answer.first_row, choices))
                 self.act(actions)
                 if actions.tokens:
-                    yield actions.tokens
+                    yield index[msg.request_id], actions.tokens
         finally:
-            self.inboxes.pop(rid, None)
-            self.prune_pub.publish(stamp(self.node, self.PruneInfo(request_id=rid, release=True)))
+            for rid in index:
+                self.inboxes.pop(rid, None)
+            for rid in [*(index if release_own else ()), *release]:
+                self.release(rid)
+
+    def release(self, request_id: str) -> None:
+        """Free a request's caches on every stage."""
+        self.prune_pub.publish(stamp(self.node, self.PruneInfo(request_id=request_id, release=True)))
 
     def act(self, actions) -> None:
         """Prunes first (rows sent after them wait for them at each stage), then the rows."""
@@ -81,7 +101,7 @@ class StageClient:
         for prune in actions.prunes:
             self.prune_pub.publish(stamp(self.node, self.PruneInfo(
                 request_id=prune.request_id, round=prune.step, prefix_len=prune.prefix_len, keep=list(prune.keep),
-                committed=prune.committed)))
+                committed=prune.committed, fork_from=prune.fork_from)))
         for rows in actions.inject:
             self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
 
@@ -111,15 +131,17 @@ class StageClient:
 
 
 def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *, max_new_tokens: int, eos,
-                       segment: int, in_flight: int, prefill_chunk: int):
-    """The core.pipeline scheduler of ``mode`` for one request: the prompt in chunks of
-    ``prefill_chunk`` tokens (0: one chunk); FlowSpec with ``segment`` rows a segment and up to
-    ``in_flight`` segments on their way; Chunk-PP verifying FlowSpec's initial tree as one chunk."""
+                       segment: int, in_flight: int, prefill_chunk: int, fork_from: str = "", cached: int = 0):
+    """The core.pipeline scheduler of ``mode`` for one request: the prompt (its first ``cached``
+    tokens forked from request ``fork_from``) in chunks of ``prefill_chunk`` tokens (0: one chunk);
+    FlowSpec with ``segment`` rows a segment and up to ``in_flight`` segments on their way;
+    Chunk-PP verifying FlowSpec's initial tree as one chunk."""
     from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
 
-    size = prefill_chunk or len(prompt)
-    chunks = [min(size, len(prompt) - at) for at in range(0, len(prompt), size)]
-    common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks)
+    rest = len(prompt) - cached
+    size = prefill_chunk or rest
+    chunks = [min(size, rest - at) for at in range(0, rest, size)]
+    common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks, fork_from=fork_from, cached=cached)
     shape = FlowSpecShape(segment=segment, in_flight=in_flight)
     if mode == "flowspec":
         return FlowSpec(request_id, prompt, drafter, shape, **common)

@@ -247,3 +247,35 @@ def test_malformed_hidden_states_are_refused_with_the_field_named():
         assert caught.value.field == field
     with pytest.raises(WireError, match="dtype: token ids into the first stage are int64, got float32"):
         good.to_rows(None)
+
+
+def test_a_forked_request_continues_from_the_shared_rows_as_if_it_had_prefilled_them(tiny, tiny_folder):
+    """Outline points (Jupiter §V-B) share the outline's cache: a fork of its first rows, then only
+    the point's own rows, gives the logits of the whole prompt prefilled alone."""
+    stages = stages_of(tiny_folder, [0, 2, 5])
+    shared, own = [4, 8, 15, 16, 23, 42, 7], [11, 3, 9]
+    through(stages, prompt_rows("outline", shared + [30, 31]))  # the source holds more than is shared
+    for stage in stages:
+        stage.prune(Prune("point", 1, len(shared), fork_from="outline"))
+    assert [s.cache_length("point") for s in stages] == [len(shared)] * 2
+    out = through(stages, prompt_rows("point", own, len(shared), step=2))
+    torch.testing.assert_close(out, full_logits(tiny, shared + own)[len(shared):], rtol=1e-4, atol=1e-4)
+    with pytest.raises(StageError, match="cannot fork 20 rows of request outline"):
+        stages[0].prune(Prune("other", 1, 20, fork_from="outline"))
+
+
+def test_outline_points_parse_and_the_follow_up_turn_continues_the_chat(smollm):
+    from edge_llm_ros.core.outline import follow_up_ids, parse_points
+
+    text = "Here is an outline:\n1. Charge the battery\n2) Map the room. Then rest\n3. **Avoid stairs**: they hurt"
+    assert parse_points(text, 5) == ["Charge the battery", "Map the room", "Avoid stairs"]
+    assert parse_points(text, 2) == ["Charge the battery", "Map the room"]
+    inline = "1. **Safety**: a robot should detect hazards, such as edges. 2. **Comfort**: A home robot should have"
+    assert parse_points(inline, 4) == ["Safety", "Comfort"]  # SmolLM2's way, cut off by the token limit
+    assert parse_points("Points:\n- Wheels\n* Lights\nNothing in 2024.", 4) == ["Wheels", "Lights"]
+    tok = smollm.tokenizer
+    whole = tok.apply_chat_template([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"},
+                                     {"role": "user", "content": "Expand point 1."}], tokenize=False,
+                                    add_generation_prompt=True)
+    follow = tok.decode(follow_up_ids(tok, "Q", "Expand point 1."))
+    assert whole.endswith(follow) and whole[: -len(follow)].endswith("A")

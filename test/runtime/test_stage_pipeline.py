@@ -101,3 +101,22 @@ def test_a_dead_stage_fails_its_request_naming_it_and_rejoins_when_restarted(dep
     response, _ = run_goal(host, client, "flowspec")
     assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
     assert list(response.result.token_ids) == expected
+
+
+@pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
+def test_outline_mode_expands_its_points_at_once_and_says_it_is_not_lossless(deployment):
+    """Outline decoding (not lossless): the outline, then every point through the stages at once from
+    a fork of the outline's cache; the answer is its points in order, or, for an outline of fewer
+    than two points, the plain flowspec answer."""
+    launch, client, host, _ = deployment
+    Generate = host.action("edge_llm_ros/action/Generate")
+    prompt = "List four things a home robot should check every morning."
+    handle = client.send_goal_async(Generate.Goal(prompt=prompt, mode="outline", max_new_tokens=24)).result(30)
+    response = handle.get_result_async().result(180)
+    assert response.status == STATUS_SUCCEEDED, (response.result.finish_reason, launch.output[-2000:])
+    assert response.result.stats.mode == "outline"
+    lines = response.result.text.splitlines()
+    if "answering plainly" in launch.output:
+        assert not re.match(r"1\. ", response.result.text)
+    else:
+        assert len(lines) >= 2 and all(line.startswith(f"{i + 1}. ") for i, line in enumerate(lines)), lines
