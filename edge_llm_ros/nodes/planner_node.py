@@ -18,9 +18,16 @@ Services:
   scored by core.planner from the saved measurements alone (milliseconds, nothing is measured):
   deployment single (one device; objective throughput with concurrency n: ar batched on llama.cpp
   against speculative modes one request at a time) or edge_cloud (the robot drafts, the server
-  verifies over a link of link_latency_ms one way, link_bandwidth_mbps); pipeline is refused
-  (pipeline stages do not exist yet, issue 14). A bad request is answered success=false with the
-  reason; the node goes on.
+  verifies over a link of link_latency_ms one way, link_bandwidth_mbps). Deployment pipeline
+  answers a stage pipeline plan (core.pipeline_plan) over the devices of `devices` ('' = this
+  machine's two cores, one thread each): the stages' layers (stage_layer_begin/end; stage_nodes
+  the request's names, else stage_<i>), prefill_chunks for a `prompt_len` prompt, mode, FlowSpec's
+  segment as tree_width, the predicted tokens/s of ar, chunk_pp and flowspec and why. Devices
+  measured here use a layer profile saved next to plan_file (measured at the first pipeline
+  request when there is none: a few seconds, a log line per row count); τ: the devices file's,
+  else the device plan's measured τ. A device whose memory budget cannot hold its share is
+  answered success=false naming it. A bad request is answered success=false with the reason;
+  the node goes on.
 - `profile` (edge_llm_ros/srv/Profile): measures now, on the service thread: the target's cost of
   token_counts rows on a backend, the draft's ms per token, τ of sd for γ = 1..4 (quick: fewer
   repeats and tokens, every τ(γ) from one sd run). The models are loaded at the first request and
@@ -51,6 +58,10 @@ class PlannerParams:
     threads: int = param(0, "torch's and llama.cpp's threads while measuring (0 = torch's default)", low=0,
                          high=1024)
     allow_llama_cpp: bool = param(True, "false: plan as if llama-cpp-python were not installed (every plan on torch)")
+    devices: str = param("", "pipeline plans: the devices file (see config/devices.example.yaml; '' = this "
+                             "machine's two cores, one thread each, measured once and saved next to plan_file)")
+    prompt_len: int = param(128, "pipeline plans: the prompt length the prefill chunks are planned for", low=1,
+                            high=1_000_000)
 
 
 class PlannerNode(rt.Node):
@@ -66,11 +77,14 @@ class PlannerNode(rt.Node):
         model, plan_file = params.model, params.plan_file
         if model and not Path(model).expanduser().exists():
             raise ValueError(f"parameter 'model': {model} not found")
+        if params.devices and not Path(params.devices).expanduser().is_file():
+            raise ValueError(f"parameter 'devices': {params.devices} not found")
         if self.params.threads:
             torch.set_num_threads(self.params.threads)
         self.model = Path(model).expanduser().resolve() if model else default_model_path().resolve()
         self.plan_path = Path(plan_file).expanduser() if plan_file else default_plan_path()
         self.subjects = None  # the models `profile` measures, loaded at its first request
+        self.pipeline = None  # (Devices, ModelShape) of pipeline plans, read at the first such request
         self.PlanMsg = rt.message("edge_llm_ros/msg/Plan")
         self.plan_pub = self.create_publisher(self.PlanMsg, "plan", latched_qos())
         self.measurements, self.device_threads = self.device_measurements()
@@ -150,6 +164,8 @@ class PlannerNode(rt.Node):
     def on_plan(self, request, response):
         from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
 
+        if request.deployment == "pipeline":
+            return self.on_pipeline_plan(request, response)
         if self.measurements is None:
             response.success, response.message = False, f"no device plan: none usable at {self.plan_path} and " \
                                                           "calibrate is never (edge-llm-ros plan --device makes one)"
@@ -167,6 +183,44 @@ class PlannerNode(rt.Node):
         response.candidates = [p.text for p in answer.candidates]
         response.predicted_tokens_per_s = [p.tokens_per_s for p in answer.candidates]
         return response
+
+    def on_pipeline_plan(self, request, response):
+        from edge_llm_ros.core.partition import PartitionError
+        from edge_llm_ros.core.pipeline_plan import GHIDORAH, AcceptanceCurve, PlanRequest, plan_pipeline
+
+        try:
+            devices, model = self.pipeline_inputs()
+            measured = AcceptanceCurve.measured(self.measurements) if self.measurements is not None else None
+            plan = plan_pipeline(devices, model, PlanRequest(prompt_len=self.params.prompt_len), measured or GHIDORAH)
+            if request.stage_nodes and len(request.stage_nodes) != len(plan.stages):
+                raise ValueError(f"stage_nodes names {len(request.stage_nodes)} nodes for the plan's "
+                                 f"{len(plan.stages)} stages (one per device)")
+        except PartitionError as exc:
+            response.success, response.message = False, f"pipeline refused, nothing loaded: {exc}"
+            return response
+        except (ValueError, OSError, RuntimeError) as exc:
+            response.success, response.message = False, f"pipeline: {exc}"
+            return response
+        response.success, response.message = True, plan.reason
+        response.plan = stamp(self, self.PlanMsg(**plan.message_fields(request.stage_nodes)))
+        response.candidates = plan.candidates()
+        response.predicted_tokens_per_s = [p.tokens_per_s for p in plan.predictions]
+        return response
+
+    def pipeline_inputs(self):
+        """(Devices, ModelShape) of pipeline plans: the `devices` file (or this machine's two cores, their
+        profile measured at first use and saved next to plan_file) and the target's shape; kept."""
+        if self.pipeline is None:
+            from edge_llm_ros.core.models import weights_folder
+            from edge_llm_ros.core.pipeline_plan import default_devices, model_shape, read_devices, saved_profile
+
+            folder, say = weights_folder(self.model), self.get_logger().info
+            path = self.plan_path.with_name("layer_profile.json")
+            measure = lambda threads: saved_profile(path, folder, threads, say)  # noqa: E731
+            devices = read_devices(Path(self.params.devices).expanduser(), measure) if self.params.devices else \
+                default_devices(lambda: measure(1))
+            self.pipeline = devices, model_shape(folder)
+        return self.pipeline
 
     def on_profile(self, request, response):
         from edge_llm_ros.core.device_profile import PREFIX, load_subjects, profile

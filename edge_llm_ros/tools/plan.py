@@ -1,7 +1,9 @@
-"""``edge-llm-ros plan --device``: measure this machine, pick the decoding mode, its shape and the backend.
+"""``edge-llm-ros plan``: measure this machine and pick the decoding mode, its shape and the backend
+(``--device``), or plan a stage pipeline over devices (``--pipeline``).
 
     edge-llm-ros plan --device                 # measure, print the table, save ~/.config/edge_llm_ros/plan.json
     edge-llm-ros plan --device --quick --out plan.json
+    edge-llm-ros plan --pipeline [--devices config/devices.example.yaml] [--prompt-len 128] [--out plan.yaml]
 
 What it measures and how candidates are scored is core's (:mod:`edge_llm_ros.core.device_profile`,
 :mod:`edge_llm_ros.core.planner`), the same code planner_node measures and plans with: on each
@@ -16,12 +18,25 @@ its draft time). The fastest is chosen; where no draft shape beats ``ar``, ``ar`
 file (schema: :mod:`edge_llm_ros.core.device_plan`) keeps every measurement, so a plan can be
 checked against ``bench`` and planner_node can plan deployments from it; ``generate`` and
 draft_node use it by default. ``--quick`` measures fewer rows, repeats and tokens (core's QUICK).
+
+``--pipeline`` (core's :mod:`~edge_llm_ros.core.pipeline_plan`, the same code planner_node's
+``plan`` service runs for deployment ``pipeline``): over the devices of ``--devices`` (default:
+this machine's two cores, one thread each, available memory / 2 each, an emulated 1 Gbit/s 1 ms
+link), Jupiter's layer split, the prompt's prefill chunks, FlowSpec's segment and segments in
+flight, and the predicted tokens/s of ar, chunk_pp and flowspec with why. Devices measured here
+(``profile:``, and the default) use a layer profile measured once (a few seconds, a line per row
+count) and saved next to the device plan. τ: the devices file's, else the saved device plan's
+(measured by ``--device``), else an assumption the table names. A device whose budget cannot hold
+its share is refused (exit 2) before anything is measured. It prints the table, writes the plan
+as a ROS 2 params file layered over config/stages.yaml (default
+~/.config/edge_llm_ros/pipeline_plan.yaml) and the launch command that runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -29,6 +44,11 @@ from edge_llm_ros.core import TreeSpec
 from edge_llm_ros.core.device_plan import PLAN_ENV, default_plan_path, save_plan, shape_text
 from edge_llm_ros.core.device_profile import FULL, QUICK, TREE_SHAPES, calibrate
 from edge_llm_ros.core.loading import LoadError, set_threads
+from edge_llm_ros.core.partition import PartitionError
+from edge_llm_ros.core.pipeline_plan import (
+    GHIDORAH, AcceptanceCurve, PipelinePlan, PlanRequest, default_devices, model_shape, plan_pipeline, read_devices,
+    saved_profile,
+)
 from edge_llm_ros.core.planner import DraftMeasure, TreeMeasure, choose
 
 from .generate import Parser, one_line
@@ -83,13 +103,95 @@ def format_plan(plan: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="edge-llm-ros plan", description="Measure this device and pick mode, draft shape and backend.")
-    p.add_argument("--device", action="store_true", required=True, help="calibrate on this machine")
+    p = Parser(prog="edge-llm-ros plan", description="Measure this device and pick mode, draft shape and backend "
+                                                     "(--device), or plan a stage pipeline (--pipeline).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--device", action="store_true", help="calibrate on this machine")
+    what.add_argument("--pipeline", action="store_true", help="plan a stage pipeline over --devices")
     p.add_argument("--out", default=None, metavar="FILE",
-                   help=f"where to save the plan (default {default_plan_path()}, ${PLAN_ENV} moves it)")
-    p.add_argument("--threads", type=int, default=None, help="threads for both backends (default: every core)")
-    p.add_argument("--quick", action="store_true", help="fewer repeats and one calibration prompt")
+                   help=f"where to save the plan (default {default_plan_path()}, ${PLAN_ENV} moves it; "
+                        f"--pipeline: {pipeline_plan_path()})")
+    p.add_argument("--threads", type=int, default=None,
+                   help="--device: threads for both backends (default: every core)")
+    p.add_argument("--quick", action="store_true", help="--device: fewer repeats and one calibration prompt")
+    p.add_argument("--devices", default=None, metavar="FILE", help="--pipeline: the devices (see "
+                   "config/devices.example.yaml; default: this machine's two cores, one thread each)")
+    p.add_argument("--prompt-len", type=int, default=PlanRequest.prompt_len, metavar="N",
+                   help="--pipeline: the prompt length to chunk for prefill (default %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=PlanRequest.new_tokens, metavar="N",
+                   help="--pipeline: the answer length the KV cache must hold (default %(default)s)")
+    p.add_argument("--min-chunk", type=int, default=PlanRequest.min_chunk, metavar="N",
+                   help="--pipeline: the least prefill chunk, Jupiter's b (default %(default)s)")
     return p
+
+
+# -- plan --pipeline --------------------------------------------------------------------------------
+
+
+def pipeline_plan_path() -> Path:
+    return default_plan_path().with_name("pipeline_plan.yaml")
+
+
+def profile_path() -> Path:
+    """Where the layer profile measured here is kept (next to the device plan)."""
+    return default_plan_path().with_name("layer_profile.json")
+
+
+def measured_acceptance(model: Path, err: TextIO):
+    """τ of the saved device plan for ``model`` (plan --device measured it), else None."""
+    from edge_llm_ros.core.device_plan import PlanError, load_plan
+    from edge_llm_ros.core.planner import load_measurements
+
+    path = default_plan_path()
+    try:
+        if path.is_file() and load_plan(path, model, warn=lambda line: print(line, file=err)) is not None:
+            return AcceptanceCurve.measured(load_measurements(path))
+    except (PlanError, ValueError):
+        pass
+    return None
+
+
+def launch_commands(plan: PipelinePlan) -> list[str]:
+    args = " ".join(plan.launch_arguments())
+    return [f"edge-llm-ros launch stages {args}", f"ros2 launch edge_llm_ros stages.launch.py {args}"]
+
+
+def plan_pipeline_command(args, out: TextIO, err: TextIO) -> int:
+    from edge_llm_ros.core import default_model_path
+    from edge_llm_ros.core.models import weights_folder
+
+    start = time.monotonic()
+
+    def say(line: str) -> None:
+        print(line, file=err, flush=True)
+
+    try:
+        request = PlanRequest(args.prompt_len, args.new_tokens, args.min_chunk)
+        folder = weights_folder()
+        model = model_shape(folder)
+        measure = lambda threads: saved_profile(profile_path(), folder, threads, say)  # noqa: E731
+        devices = read_devices(args.devices, measure) if args.devices else default_devices(lambda: measure(1))
+        acceptance = measured_acceptance(default_model_path().resolve(), err) or GHIDORAH
+        plan = plan_pipeline(devices, model, request, acceptance)
+    except PartitionError as exc:
+        print(f"error: refused, nothing loaded: {one_line(exc)}", file=err, flush=True)
+        return 2
+    except (ValueError, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=err, flush=True)
+        return 2
+    path = Path(args.out) if args.out else pipeline_plan_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan.to_yaml())
+    except OSError as exc:
+        print(f"error: cannot write the plan: {exc}", file=err, flush=True)
+        return 2
+    print("\n".join(plan.summary()), file=out)
+    print(f"\nplan: {plan.reason}", file=out)
+    print(f"\nwrote {path} (planned in {time.monotonic() - start:.1f} s): its parameters, layered over "
+          "config/stages.yaml; launch it with", file=out)
+    print("\n".join(f"  {command}" for command in launch_commands(plan)), file=out, flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -97,6 +199,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     err = sys.stderr if err is None else err
     try:
         args = build_parser().parse_args(argv)
+        if args.pipeline:
+            return plan_pipeline_command(args, out, err)
         path = Path(args.out) if args.out else default_plan_path()
         threads = set_threads(args.threads)
         plan = measure(threads, args.quick, err)

@@ -125,13 +125,56 @@ def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe
     ({"deployment": "edge_cloud", "link_latency_ms": -5.0}, "link_latency_ms must be a finite number >= 0, got -5.0"),
     ({"deployment": "edge_cloud", "link_bandwidth_mbps": math.nan}, "link_bandwidth_mbps must be a finite number"),
     ({"concurrency": 100000}, "concurrency must be in 1..1024 (0 = 1), got 100000"),
-    ({"deployment": "pipeline", "stage_nodes": ["a", "b"]}, "pipeline stages do not exist (issue 14)"),
 ])
 def test_bad_plan_requests_are_refused_and_the_node_goes_on(planner, probe, tmp_path, fields, message):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never")
     bad = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))(**fields)
     assert not bad.success and message in bad.message and not bad.candidates
     assert client(probe, PLAN_SRV, node.resolve_topic_name("plan"))().success
+
+
+PROFILE = {"rows": [1, 8, 64], "cached": [0, 512], "layer_s": [[1e-3, 1.2e-3], [2e-3, 2.4e-3], [8e-3, 9e-3]],
+           "head_s": [4e-3, 15e-3, 60e-3], "threads": 1, "source": "saved by the test"}
+
+
+def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_budget(planner, probe, tmp_path):
+    """deployment pipeline: this machine's two cores from the layer profile saved next to plan_file (nothing
+    measured), the stages covering SmolLM2's 30 layers, every mode predicted; too little memory is refused by name."""
+    from edge_llm_ros.core.models import weights_folder
+    from edge_llm_ros.core.pipeline_plan import save_profile
+    from edge_llm_ros.core.pipesim import LayerProfile
+
+    save_profile(tmp_path / "layer_profile.json", LayerProfile(**PROFILE), weights_folder())
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", prompt_len=100)
+    plan = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))
+    start = time.monotonic()
+    answer = plan(deployment="pipeline")
+    assert time.monotonic() - start < 1.0
+    assert answer.success, answer.message
+    msg = answer.plan
+    begins, ends = list(msg.stage_layer_begin), list(msg.stage_layer_end)
+    assert begins[0] == 0 and ends[-1] == 30 and begins[1:] == ends[:-1] and len(begins) == 2
+    assert list(msg.stage_nodes) == ["stage_0", "stage_1"] and sum(msg.prefill_chunks) == 100
+    modes = [c.split(",")[0].split()[0] for c in answer.candidates]  # "flowspec, segment 4, ..." / "ar on 2 stages"
+    assert modes[0] == msg.mode and sorted(modes) == ["ar", "chunk_pp", "flowspec"]
+    assert list(answer.predicted_tokens_per_s) == sorted(answer.predicted_tokens_per_s, reverse=True)
+    assert msg.expected_tokens_per_s == pytest.approx(answer.predicted_tokens_per_s[0])
+    assert answer.message == msg.reason and msg.reason.startswith(f"{msg.mode}: ") and msg.tree_width >= 1
+    named = plan(deployment="pipeline", stage_nodes=["/robot/stage_a", "/robot/stage_b"])
+    assert named.success and list(named.plan.stage_nodes) == ["/robot/stage_a", "/robot/stage_b"]
+    wrong = plan(deployment="pipeline", stage_nodes=["/robot/stage_a"])
+    assert not wrong.success and "stage_nodes names 1 nodes for the plan's 2 stages" in wrong.message
+
+    tight = tmp_path / "tight.yaml"
+    tight.write_text("devices:\n  - {name: jetson_a, memory_mb: 4000, layer_ms: 1.0}\n"
+                     "  - {name: jetson_b, memory_mb: 10, layer_ms: 1.0}\n")
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", devices=str(tight))
+    plan = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))
+    refused = plan(deployment="pipeline")
+    assert not refused.success and not refused.candidates
+    assert refused.message.startswith("pipeline refused, nothing loaded: no partition of 30 layers fits: jetson_b "
+                                      "needs at least")
+    assert plan(deployment="single").success
 
 
 def test_a_late_subscriber_gets_the_published_device_plan(planner, probe, tmp_path):
