@@ -153,7 +153,7 @@ def test_the_launcher_accepts_the_plan(plan, tmp_path, capsys):
     assert names == [f"stage_{i}" for i in range(len(plan.stages))] + ["draft_node"]
     draft = next(n for n in launch_plan.nodes if n.name == "draft_node")
     assert draft.parameters == {"layers": plan.layers, "mode": plan.mode, "segment": str(plan.segment),
-                                "prefill_chunk": str(plan.prefill_chunk)}
+                                "in_flight": str(plan.in_flight), "prefill_chunk": str(plan.prefill_chunk)}
     for node in launch_plan.nodes:
         layered = {**load_params_file(launch_plan.params_file, node.fqn), **load_params_file(path, node.fqn)}
         assert layered["layers"] == plan.layers and "wire_dtype" in layered

@@ -128,7 +128,8 @@ class PipelinePlan:
     def parameters(self) -> tuple[dict, dict]:
         """(every stage's and draft_node's parameters, draft_node's own) as stages.yaml names them."""
         shared = {"layers": self.layers, **({"threads": self.threads} if self.threads else {})}
-        return shared, {"mode": self.mode, "segment": self.segment, "prefill_chunk": self.prefill_chunk}
+        return shared, {"mode": self.mode, "segment": self.segment, "in_flight": self.in_flight,
+                        "prefill_chunk": self.prefill_chunk}
 
     def launch_arguments(self) -> list[str]:
         shared, draft = self.parameters()
@@ -211,7 +212,7 @@ class PipelinePlan:
     def message_fields(self, stage_nodes: Sequence[str] = ()) -> dict:
         """msg/Plan's fields. tree_width is FlowSpec's segment (the rows verified per message, Ghidorah's
         verification width), tree_depth/branch/expand its initial tree's; the message has no field
-        for ``in_flight`` (draft_node sends as many segments as there are stages)."""
+        for ``in_flight`` (draft_node's parameter; the plan YAML and launch arguments carry it)."""
         shape = FlowSpecShape()
         return dict(mode=self.mode, backend="torch", draft_backend="" if self.mode == "ar" else "torch",
                     threads=self.threads, stage_layer_begin=[s.layers.start for s in self.stages],
