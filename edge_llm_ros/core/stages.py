@@ -246,6 +246,35 @@ class Stage:
         cache.v[:, :, :, :length] = held.v[:, :, :, :length]
         cache.length = length
 
+    @torch.inference_mode()
+    def measure(self, rows: Sequence[int], cached: int, repeats: int = 3) -> list[float]:
+        """Seconds this stage takes for each count of new rows over ``cached`` cached ones (its layers,
+        and the head at the last stage): the median of ``repeats`` after a warm-up, on a scratch cache.
+        What the stage answers `profile` with (Jupiter: each device profiles its own share)."""
+        import statistics
+        import time
+
+        out = []
+        for n in rows:
+            cache = self.model.new_cache(cached + n, self.layers)
+            cache.k.zero_()
+            cache.v.zero_()
+            data = (torch.zeros(n, dtype=torch.long) if self.first
+                    else torch.zeros(n, self.hidden_size, dtype=self.model.dtype))
+            probe = Rows("profile", 0, cached, 0, torch.arange(cached, cached + n), data)
+            times = []
+            for _ in range(repeats + 1):
+                cache.length = cached
+                start = time.perf_counter()
+                hidden = self.model.embed(data[None]) if self.first else data[None]
+                hidden, _ = self.model.run_layers(hidden, probe.positions, additive_mask(probe, self.model.dtype),
+                                                  cache, self.layers)
+                if self.last:
+                    self.model.head(hidden)
+                times.append(time.perf_counter() - start)
+            out.append(statistics.median(times[1:]))
+        return out
+
     def release(self, request_id: str) -> None:
         """Forget a request's cache and prunes."""
         self.caches.pop(request_id, None)

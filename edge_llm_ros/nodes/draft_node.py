@@ -118,6 +118,8 @@ class DraftParams(ManagedParams):
                             "(0-10,11-29): set, this node is D0 in front of those stage_nodes (modes flowspec | "
                             "chunk_pp | ar) instead of drafting for a verifier")
     segment: int = param(8, "stage pipeline: draft rows per segment (FlowSpec)", low=1, high=4096)
+    in_flight: int = param(0, "stage pipeline: FlowSpec segments on their way at most (0 = one per stage)",
+                           low=0, high=4096)
     prefill_chunk: int = param(0, "stage pipeline: prompt tokens per prefill chunk, sent back to back (0 = the "
                                   "whole prompt at once)", low=0, high=1_000_000)
 
@@ -326,7 +328,8 @@ class DraftNode(ManagedNode):
 
         def make(request_id, ids, max_new_tokens, mode=mode, **fork):
             return pipeline_scheduler(mode, request_id, ids, drafter, max_new_tokens=max_new_tokens, eos=eos,
-                                      segment=p.segment, in_flight=p.stages(), prefill_chunk=p.prefill_chunk, **fork)
+                                      segment=p.segment, in_flight=p.in_flight or p.stages(),
+                                      prefill_chunk=p.prefill_chunk, **fork)
 
         try:
             if mode == "outline":
@@ -504,6 +507,9 @@ class DraftNode(ManagedNode):
         if finished.stats is None:
             return
         self.stats_pub.publish(self.stats_msg(request_id, mode, [finished]))
+        if self.stages is not None:  # the pipeline's own figures (FlowSpec §V-A), e.g. for bench --scenario pipeline
+            self.get_logger().info(f"request {request_id} ({mode}): {len(finished.tokens)} tokens, "
+                                   f"ALT {finished.stats.alt:.4f}, ALR {finished.stats.alr:.4f}")
         if self.params.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             self.recent.append((mode, finished))
         ignored = finished.stats.ignored

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import queue
 import re
 import threading
@@ -67,6 +68,18 @@ def range_text(layers: range) -> str:
     return f"{layers.start}-{layers.stop - 1}"
 
 
+def cpu_set(text: str) -> set[int]:
+    """'0', '1,3', '0-1' (taskset -c's list) -> the cores; '' -> none (any core)."""
+    return {core for layers in layer_ranges(text.replace(" ", "")) for core in layers} if text.strip() else set()
+
+
+def pin_process(cores: set[int]) -> None:
+    """Every thread of this process (and those it starts later) on ``cores`` only."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)
+
+
 @dataclasses.dataclass(frozen=True)
 class StageParams(ManagedParams):
     model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF)")
@@ -75,6 +88,8 @@ class StageParams(ManagedParams):
     layers: str = param("", "decoder layers, inclusive: this stage's a-b, or every stage's a-b,c-d,... "
                             "(this one's is the index-th); '' = every layer (a single stage)")
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    cpus: str = param("", "cores this stage's process is pinned to at configure, as taskset -c lists them "
+                          "('1', '0-1'); '' = any core")
     wire_dtype: str = param("float32", "hidden states are sent as", choices=("float32", "float16", "bfloat16"))
     output: str = param("argmax", "what the last stage sends: the target's greedy token per row (int64) or "
                                   "its logits (float32 [rows, vocab])", choices=("argmax", "logits"))
@@ -83,6 +98,11 @@ class StageParams(ManagedParams):
                                  "as busy", low=1, high=1024)
 
     def __post_init__(self) -> None:
+        try:
+            cpu_set(self.cpus)
+        except ValueError:
+            raise ValueError(f"parameter 'cpus' takes cores as taskset -c lists them (1, 0-1, 0,2), got "
+                             f"{self.cpus!r}") from None
         ranges = layer_ranges(self.layers)
         if len(ranges) > 1:
             from edge_llm_ros.core.partition import check_ranges
@@ -148,6 +168,7 @@ class StageNode(ManagedNode):
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
         self.create_subscription(self.HiddenStates, f"stage_{p.index}/in", self.on_rows, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
+        self.create_service(rt.service("edge_llm_ros/srv/Profile"), "~/profile", self.on_profile)
 
     def load(self) -> str:
         from transformers import AutoConfig
@@ -161,6 +182,11 @@ class StageNode(ManagedNode):
         layers = p.own(AutoConfig.from_pretrained(str(folder)).num_hidden_layers)  # before any weights
         first, last = p.index == 0, p.index == p.stages() - 1
         set_threads(p.threads)
+        if cores := cpu_set(p.cpus):
+            if not cores <= os.sched_getaffinity(0):
+                raise ValueError(f"parameter 'cpus' ({p.cpus}) names cores this process may not use "
+                                 f"(it may use {sorted(os.sched_getaffinity(0))})")
+            pin_process(cores)
         model = load_stage_model(folder, layers, first=first, last=last)
         self.stage = Stage(model, layers, first=first, last=last, capacity=p.capacity)
         self.inbox = queue.Queue(MAX_WAITING)
@@ -171,7 +197,8 @@ class StageNode(ManagedNode):
         sends = p.output if last else f"hidden states as {p.wire_dtype}"
         return (f"stage {p.index} of {p.stages()}: {held}, {rss_mb():.0f} MB resident; "
                 f"{self.resolve_topic_name(f'stage_{p.index}/in')} -> "
-                f"{self.resolve_topic_name(f'stage_{p.index + 1}/in')} ({sends})")
+                f"{self.resolve_topic_name(f'stage_{p.index + 1}/in')} ({sends})"
+                + (f"; pinned to cores {p.cpus}" if cores else ""))
 
     def unload(self) -> None:
         """Stop the worker (the rows being run finish first) and drop the weights and caches."""
@@ -214,12 +241,37 @@ class StageNode(ManagedNode):
                     stage.release(msg.request_id)
                     self.held.pop(msg.request_id, None)
                 else:
-                    stage.prune(Prune(msg.request_id, int(msg.round), int(msg.prefix_len), keep, int(msg.committed)))
+                    stage.prune(Prune(msg.request_id, int(msg.round), int(msg.prefix_len), keep, int(msg.committed),
+                                      str(msg.fork_from)))
             except StageError as exc:
                 self.answer(msg.request_id, msg.round, f"prune: {exc}")
             if msg.request_id in self.held:  # rows that waited for this prune may run now
                 with contextlib.suppress(queue.Full):
                     self.inbox.put_nowait(msg.request_id)
+
+    def on_profile(self, request, response):
+        """Measure this stage now (its layers, and the head at the last): latency_ms per row count in
+        `token_counts` (default 1, 2, 4, 8, 16, 32, 64) over `prefix_len` cached rows (default 240).
+        Runs between two requests' rows (it holds the stage's lock), so it delays them."""
+        stage = self.stage
+        counts = [int(n) for n in request.token_counts] or [1, 2, 4, 8, 16, 32, 64]
+        if stage is None:
+            response.success, response.message = False, self.refusal() or "not configured"
+            return response
+        if any(n < 1 or n > 4096 for n in counts):
+            response.success, response.message = False, f"token_counts must be 1..4096, got {counts}"
+            return response
+        cached = int(request.prefix_len) or 240
+        with self.lock:
+            seconds = stage.measure(counts, cached, repeats=1 if request.quick else 3)
+        import torch
+
+        response.success = True
+        response.device = f"{self.who}: {stage!r}, {torch.get_num_threads()} thread(s)"
+        response.message = f"measured {len(counts)} row counts over {cached} cached rows"
+        response.token_counts = counts
+        response.latency_ms = [t * 1e3 for t in seconds]
+        return response
 
     # -- the worker thread -----------------------------------------------------------------------
 

@@ -193,6 +193,23 @@ def test_a_request_beyond_max_requests_is_refused_as_busy(scheduler, prompt_and_
         scheduler.release(request_id)
 
 
+def test_each_stage_profiles_itself_on_request(request, scheduler):
+    """Jupiter's per-device profile: `~/profile` times the stage's own layers (and head) per row count."""
+    from edge_llm_ros import runtime as rt
+
+    srv = rt.service("edge_llm_ros/srv/Profile")
+    probe = host_for(request).Node("profile_probe", namespace="edge_llm")
+    try:
+        for i in range(len(SPLIT)):
+            client = probe.create_client(srv, f"/edge_llm/stage_{i}/profile")
+            assert client.wait_for_service(20)
+            answer = client.call(srv.Request(token_counts=[1, 8], prefix_len=64, quick=True), timeout_sec=60)
+            assert answer.success and list(answer.token_counts) == [1, 8], answer.message
+            assert all(ms > 0 for ms in answer.latency_ms) and answer.device.startswith(f"stage {i} (")
+    finally:
+        probe.destroy_node()
+
+
 def test_bad_layers_are_refused_before_any_weights_load(router_endpoint):
     gap = Proc(stage_cmd("layers:=0-10,12-29", name="stage_0"))
     short = Proc(stage_cmd("index:=1", "count:=2", "layers:=11-28", name="stage_1"))
@@ -215,7 +232,7 @@ def test_the_launch_file_starts_one_node_per_range_and_refuses_a_gap(router_endp
 
     plan = load_plan("stages")
     apply_launch_args(plan, ["layers:=0-7,8-19,20-29"])
-    assert [node.name for node in plan.nodes] == ["stage_0", "stage_1", "stage_2"]
+    assert [node.name for node in plan.nodes] == ["stage_0", "stage_1", "stage_2", "draft_node"]
     refused = cli("launch", "stages", "layers:=0-7,9-29", "--router", router_endpoint)
     assert refused.returncode == 2
     assert "layers:=0-7,9-29: layer 8 is in no stage" in refused.stderr, refused.stderr
