@@ -154,7 +154,7 @@ def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *
 class PipelineStats:
     """A finished request's numbers in the shape draft_node's stats read (EE's fields stay empty)."""
 
-    accepted: list[int]  # tokens committed per pipeline turn
+    accepted: list[int]  # drafted tokens accepted per pipeline turn (mean_tau adds the target's own: tau = ALT)
     alt: float = 0.0
     alr: float = 0.0
     hits: int = 0
@@ -166,4 +166,4 @@ class PipelineStats:
 
 
 def scheduler_stats(scheduler) -> PipelineStats:
-    return PipelineStats(list(scheduler.per_turn), scheduler.alt, scheduler.alr)
+    return PipelineStats([n - 1 for n in scheduler.per_turn], scheduler.alt, scheduler.alr)

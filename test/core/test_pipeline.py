@@ -1,8 +1,9 @@
 """Decoding across pipeline stages (issue 14): the schedulers and the simulator.
 
 - Every mode (naive pipeline AR, Chunk-PP, FlowSpec) through 2 and 3 stages with uneven splits
-  commits exactly the target's greedy tokens, with pipelined prefill; on a tiny random model
-  (many rejections, so many prunes of rows in flight) and on SmolLM2 with its shipped draft.
+  commits exactly the target's greedy tokens, with pipelined prefill, on a tiny random model
+  (many rejections, so many prunes of rows in flight); SmolLM2 with its shipped draft through
+  stage processes: test/runtime/test_stage_pipeline.py.
 - After the request every stage's cache held prompt + accepted tokens (checked before release).
 - The simulator reproduces a hand-computed schedule exactly on a toy profile, with and without
   pipelined prefill.
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm_ros.core import chat_prompt, generate_all, preset
+from edge_llm_ros.core import generate_all, preset
 from edge_llm_ros.core.drafters import ModelDrafter, TreeSpec
-from edge_llm_ros.core.models import load_model, tiny_llama, weights_folder
+from edge_llm_ros.core.models import load_model, tiny_llama
 from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
 from edge_llm_ros.core.pipesim import CostModel, CountingDrafter, Link, simulate
 from edge_llm_ros.core.stages import Stage, load_stage_model
@@ -104,24 +105,3 @@ def test_the_simulator_reproduces_a_hand_computed_schedule(tiny_folder):
                        stages_of(tiny_folder, [0, 2, 5]), toy)
     assert chunked.times == pytest.approx([4.5, 6.2, 7.9])
     assert chunked.turns == 2 and chunked.alt == 1.0
-
-
-@pytest.fixture(scope="module")
-def smollm():
-    return load_model()
-
-
-def test_flowspec_and_chunk_pp_on_smollm2_equal_ar(smollm):
-    """Three uneven stages in the simulator (two and three stage processes: test_stage_pipeline)."""
-    splits = [0, 7, 19, 30]
-    from edge_llm_ros.core.draft_models import load_drafter
-
-    prompt = chat_prompt(smollm.tokenizer, "Give two tips for a robot that explores a house.")
-    expected = generate_all(smollm, prompt, preset("ar", max_new_tokens=32)).tokens
-    drafter = load_drafter(smollm)
-    for mode, scheduler in schedulers(prompt, drafter, 32, [24, len(prompt) - 24]).items():
-        if mode == "ar":
-            continue
-        timeline = simulate(scheduler, stages_of(weights_folder(), splits), UNIT)
-        assert timeline.tokens == expected, mode
-        assert timeline.alt > 1.0, mode  # the shipped draft is right often enough to gain per turn
