@@ -57,7 +57,7 @@ from edge_llm_ros.core.llama_backend import llama_cpp_available
 from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 
 from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog, write_report
+from .deployment import Deployment, EventLog, report_paths, write_report
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -534,12 +534,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
         if max_new <= 0:
             raise ToolError(f"--max-new-tokens must be > 0, got {max_new}")
-        json_path = Path(args.json) if args.json else None
-        png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
-        log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
-        for path in (json_path, png, log):
-            if path is not None and not path.resolve().parent.is_dir():
-                raise ToolError(f"folder {path.parent} does not exist")
+        json_path, png, log = report_paths(args)
         prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
         check_launch_args(args.set)
         backends = draft_backends(args.draft_backends, args.draft, modes)

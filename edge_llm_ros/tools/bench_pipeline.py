@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .bench import BUSY_CORES, LOSSLESS_MARK, CpuShare, fmt_value
-from .deployment import Deployment, EventLog, write_report
+from .deployment import Deployment, EventLog, report_paths, write_report
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -916,12 +916,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
         if not 1 <= count <= len(BENCH_PROMPTS) or max_new < 1:
             raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)} and --max-new-tokens >= 1")
-        json_path = Path(args.json) if args.json else None
-        png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
-        log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
-        for path in (json_path, png, log):
-            if path is not None and not path.resolve().parent.is_dir():
-                raise ToolError(f"folder {path.parent} does not exist")
+        json_path, png, log = report_paths(args)
         report = run_scenario(list(BENCH_PROMPTS[:count]), links, max_new, min(count, PROJECTED_PROMPTS), log,
                               progress=not args.no_progress, oracle=args.oracle)
     except ToolError as exc:

@@ -45,7 +45,7 @@ from typing import TextIO
 from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
 from edge_llm_ros.core.device_profile import cpu_name
 
-from .deployment import Deployment, EventLog, write_report
+from .deployment import Deployment, EventLog, report_paths, write_report
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -600,12 +600,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
         if threads < 1:
             raise ToolError(f"--threads must be >= 1, got {threads}")
-        json_path = Path(args.json) if args.json else None
-        png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
-        log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
-        for path in (json_path, png, log):
-            if path is not None and not path.resolve().parent.is_dir():
-                raise ToolError(f"folder {path.parent} does not exist")
+        json_path, png, log = report_paths(args)
         from edge_llm_ros.core.llama_backend import llama_cpp_available
         from edge_llm_ros.core.models import _model_path
 

@@ -138,6 +138,18 @@ class Deployment:
         return crashed
 
 
+def report_paths(args) -> tuple[Path | None, Path | None, Path | None]:
+    """A bench's (--json, --png, --log) paths: --png and --log default to the JSON's name with .png
+    and .log; ToolError for a folder that does not exist (said before the bench runs, not after)."""
+    json_path = Path(args.json) if args.json else None
+    png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
+    log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
+    for path in (json_path, png, log):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise ToolError(f"folder {path.parent} does not exist")
+    return json_path, png, log
+
+
 def write_report(report: dict, table: str, out, err, json_path: Path | None, png: Path | None, plot) -> None:
     """A bench's outputs: ``table`` on ``out``, the report as JSON at ``json_path``, ``plot(report,
     png)`` at ``png`` (a warning when matplotlib is missing); what was written said on ``err``."""
