@@ -212,16 +212,17 @@ class DraftNode(ManagedNode):
     # -- callbacks ---------------------------------------------------------------------------------
 
     def on_verify(self, msg) -> None:
-        """Early outcomes go to the drafter (pre-drafting), finals to their request's thread."""
+        """Early outcomes go to the drafter (pre-drafting), finals (and stages' refusals) to their
+        request's thread."""
         from edge_llm_ros.core import VerifyOutcome
 
         outcome = from_message(VerifyOutcome, msg)
         inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
-        if inbox is None or drafter is None:
+        if inbox is None:
             return  # another robot's request, or one that ended
-        if outcome.final:
+        if outcome.final:  # a verifier's final outcome, or a stage's refusal (stage pipeline)
             inbox.put(outcome)
-        else:
+        elif drafter is not None:
             drafter.on_early(outcome)
 
     def admit_goal(self, goal) -> int:

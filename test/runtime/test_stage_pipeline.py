@@ -19,7 +19,7 @@ import time
 import pytest
 
 from hosts import host_for
-from support import Proc, wait_until
+from support import Proc, cli, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
@@ -101,6 +101,26 @@ def test_a_dead_stage_fails_its_request_naming_it_and_rejoins_when_restarted(dep
     response, _ = run_goal(host, client, "flowspec")
     assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
     assert list(response.result.token_ids) == expected
+
+
+@pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
+def test_a_stage_that_refuses_ends_the_goal_with_its_reason(deployment, expected):
+    """A stage that is not active refuses the rows; D0 ends the goal with that refusal at once."""
+    launch, client, host, _ = deployment
+    done = cli("lifecycle", "set", "/edge_llm/stage_1", "deactivate")
+    assert done.returncode == 0, done.stderr
+    try:
+        started = time.monotonic()
+        response, _ = run_goal(host, client, "flowspec", timeout=60)
+        assert response.status == STATUS_ABORTED
+        assert "stage 1 (/edge_llm/stage_1): inactive: /edge_llm/stage_1 is inactive" in response.result.finish_reason, \
+            response.result.finish_reason
+        assert time.monotonic() - started < 10  # the refusal, not timeout_s (20 s)
+    finally:
+        done = cli("lifecycle", "set", "/edge_llm/stage_1", "activate")
+        assert done.returncode == 0, done.stderr
+    response, _ = run_goal(host, client, "chunk_pp")
+    assert response.status == STATUS_SUCCEEDED and list(response.result.token_ids) == expected
 
 
 @pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
