@@ -1,6 +1,8 @@
-"""The draft side's end of the stage pipeline (FlowSpec's D0): what draft_node runs when `stages` > 0.
+"""The draft side's end of the stage pipeline (FlowSpec's D0): what draft_node runs when its `layers`
+parameter is set.
 
-A request is a core.pipeline scheduler (ar, chunk_pp or flowspec). Its rows go to the first stage
+A request is a core.pipeline scheduler (ar, chunk_pp or flowspec; an outline request is several,
+driven at once by :meth:`StageClient.run_many`). Its rows go to the first stage
 on `stage_0/in` (HiddenStates, token ids), its prunes and, at the end, a release to every stage on
 `prune`; the last stage's answers come back on `stage_<count>/in` (the target's greedy token per
 row) and the stages' refusals on `verify` (a final VerifyResult with `error`, routed here by the
