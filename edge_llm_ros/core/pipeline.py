@@ -27,6 +27,7 @@ while decoding), ALR = tokens per SD round.
 
 Rows cross stages in order on one topic, prunes on another; a Rows carries ``after_prune``, the
 step of the last prune sent before it, so a stage runs it only once that prune is applied.
+Knows nothing about ROS.
 """
 
 from __future__ import annotations
