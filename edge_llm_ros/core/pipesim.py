@@ -294,21 +294,14 @@ class LayerProfile:
                 repeats: int = 3, layer: int = 0) -> LayerProfile:
         """Time ``model``'s decoder layer ``layer`` (a TorchCausalLM) and its head, with the threads torch
         has now; the median of ``repeats`` after a warm-up."""
-        import statistics
-        import time
-
         import torch
 
         from .models import causal_mask
 
+        from .device_profile import median_ms
+
         def timed(fn) -> float:
-            fn()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            return statistics.median(times)
+            return median_ms(lambda _: fn(), repeats) / 1000
 
         grid, heads = [], []
         hidden_size = model.config.hidden_size

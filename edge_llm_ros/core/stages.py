@@ -251,28 +251,29 @@ class Stage:
         """Seconds this stage takes for each count of new rows over ``cached`` cached ones (its layers,
         and the head at the last stage): the median of ``repeats`` after a warm-up, on a scratch cache.
         What the stage answers `profile` with (Jupiter: each device profiles its own share)."""
-        import statistics
-        import time
+        from .device_profile import median_ms
 
         out = []
         for n in rows:
             cache = self.model.new_cache(cached + n, self.layers)
             cache.k.zero_()
             cache.v.zero_()
+            cache.length = cached
             data = (torch.zeros(n, dtype=torch.long) if self.first
                     else torch.zeros(n, self.hidden_size, dtype=self.model.dtype))
             probe = Rows("profile", 0, cached, 0, torch.arange(cached, cached + n), data)
-            times = []
-            for _ in range(repeats + 1):
-                cache.length = cached
-                start = time.perf_counter()
+            mask = additive_mask(probe, self.model.dtype)
+
+            def step(_, cache=cache, data=data, positions=probe.positions, mask=mask) -> None:
                 hidden = self.model.embed(data[None]) if self.first else data[None]
-                hidden, _ = self.model.run_layers(hidden, probe.positions, additive_mask(probe, self.model.dtype),
-                                                  cache, self.layers)
+                hidden, _ = self.model.run_layers(hidden, positions, mask, cache, self.layers)
                 if self.last:
                     self.model.head(hidden)
-                times.append(time.perf_counter() - start)
-            out.append(statistics.median(times[1:]))
+
+            def reset(cache=cache) -> None:
+                cache.length = cached
+
+            out.append(median_ms(step, repeats, after=reset) / 1000)
         return out
 
     def release(self, request_id: str) -> None:
