@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import GenerationConfig, GenerationStats
+from .constraint import TokenGrammar, constrain
 from .drafters import Drafter, PromptLookupDrafter, TreeSpec
 from .kv_cache import KVCache
 from .models import CausalLM
@@ -138,7 +139,8 @@ def draft_step(
 
 
 def verify_step(
-    target: CausalLM, cache: KVCache, tree: TokenTree, sampler: Sampler, observe: Observer | None = None
+    target: CausalLM, cache: KVCache, tree: TokenTree, sampler: Sampler, observe: Observer | None = None,
+    allowed: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> Verification:
     """Non-autoregressive tree verification (LLMCad §3.2) in one target pass, then prune the cache.
 
@@ -146,6 +148,8 @@ def verify_step(
     the tree mask lets each row see the cached prefix and its ancestors only.
     Afterwards the cache keeps the prefix, the root and the accepted path, compacted,
     and ``observe`` receives the target's features of the root and the accepted path.
+    ``allowed`` (constrained decoding): each row's logits keep only the tokens allowed after its
+    path, so the verifier checks the draft against the constrained target.
     """
     prefix_len = cache.length
     mask = tree.attention_mask(prefix_len) if len(tree) else None
@@ -154,6 +158,9 @@ def verify_step(
         logits = target.forward(ids, positions, mask, cache)  # [N+1, V]
     else:
         logits, hidden = target.forward(ids, positions, mask, cache, return_hidden=True)
+    if allowed is not None:
+        paths = [[tree.tokens[n] for n in tree.path(node)] for node in range(len(tree.tokens))]
+        logits = constrain(logits, torch.stack([allowed(path) for path in paths]))
     result = verify(tree, logits, sampler)
     kept = [0] + result.path
     cache.keep(list(range(prefix_len)) + [prefix_len + node for node in kept])
@@ -247,16 +254,22 @@ def generate(
     config: GenerationConfig,
     drafter: Drafter | None = None,
     stats: GenerationStats | None = None,
+    grammar: TokenGrammar | None = None,
 ) -> Iterator[int]:
     """Validate the request, then stream the generated token ids.
 
     ``drafter`` defaults to prompt lookup for the speculative modes. ``stats`` (if
-    given) is filled in live. Raises ValueError for a bad request before streaming.
+    given) is filled in live. ``grammar`` constrains the output (core/constraint.py): target and
+    draft are masked alike, so the output is the constrained target's. Raises ValueError for a
+    bad request before streaming.
     """
     if config.mode != "ar" and drafter is None:
         drafter = PromptLookupDrafter()
     prompt = check_request(target, prompt_ids, config, drafter)
-    return _stream(target, prompt, config, drafter if config.mode != "ar" else None, stats or GenerationStats())
+    if grammar is not None and grammar.vocab_size != target.vocab_size:
+        raise ValueError(f"the grammar's vocabulary ({grammar.vocab_size}) is not the target's ({target.vocab_size})")
+    return _stream(target, prompt, config, drafter if config.mode != "ar" else None, stats or GenerationStats(),
+                   grammar)
 
 
 def generate_all(
@@ -264,17 +277,19 @@ def generate_all(
     prompt_ids: Sequence[int],
     config: GenerationConfig,
     drafter: Drafter | None = None,
+    grammar: TokenGrammar | None = None,
 ) -> GenerationResult:
     """Blocking wrapper: every token, the decoded text (if the target has a tokenizer), stats."""
     stats = GenerationStats()
-    tokens = list(generate(target, prompt_ids, config, drafter, stats))
+    tokens = list(generate(target, prompt_ids, config, drafter, stats, grammar))
     tok = target.tokenizer
     text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else None
     return GenerationResult(tokens, text, stats)
 
 
 def _stream(
-    target: CausalLM, prompt: list[int], config: GenerationConfig, drafter: Drafter | None, stats: GenerationStats
+    target: CausalLM, prompt: list[int], config: GenerationConfig, drafter: Drafter | None, stats: GenerationStats,
+    grammar: TokenGrammar | None = None,
 ) -> Iterator[int]:
     start = time.perf_counter()
     stats.mode, stats.prompt_tokens = config.mode, len(prompt)
@@ -287,7 +302,9 @@ def _stream(
     spec_width = config.tree_width if config.mode in ("tree", "llmcad") else config.gamma
     cache = target.new_cache(len(prompt) + limit + spec_width + 2)
     observe = observer(drafter)
-    overlap = config.mode == "llmcad" and config.overlap_drafting and drafter is not None and observe is None
+    # (A pre-draft guesses tokens past the generated ones, whose grammar state is not known yet.)
+    overlap = (config.mode == "llmcad" and config.overlap_drafting and drafter is not None and observe is None
+               and grammar is None)
     pool = draft_worker() if overlap else None
     context, generated, alpha = list(prompt), [], config.alpha
     ahead: tuple[list[int], TokenTree] | None = None  # the tree pre-drafted during the last verification
@@ -298,7 +315,8 @@ def _stream(
         while True:
             spec = config.tree_spec(alpha)
             room = min(limit - len(generated), window - len(context))
-            spec = spec.capped(room) if spec is not None else None
+            allowed = grammar.bind(generated) if grammar is not None else None
+            spec = spec.capped(room).constrained(allowed) if spec is not None else None
 
             t0 = time.perf_counter()
             if ahead is not None and ahead[0] == context and spec is not None and ahead[1].depth <= spec.depth:
@@ -311,7 +329,7 @@ def _stream(
             if pool is not None and len(tree):
                 future = pool.submit(predraft, drafter, context, tree, spec, draft_sampler)
             with torch.inference_mode():
-                result = verify_step(target, cache, tree, target_sampler, observe)
+                result = verify_step(target, cache, tree, target_sampler, observe, allowed)
             t2 = time.perf_counter()
             ahead = None
             if future is not None:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .constraint import constrain
 from .models import CausalLM, TorchCausalLM
 from .sampling import Sampler
 from .tree import TokenTree, Verification
@@ -42,7 +43,9 @@ class TreeSpec:
     kept for verification (W); min_branch_prob: a child beyond the first needs
     this draft probability (LLMCad §3.1 branches only above a confidence, 0 = off);
     stop_below: stop growing once the tree-cumulative confidence T_c of the newest
-    level drops below it (LLMCad §3.3 fallback threshold α, 0 = off).
+    level drops below it (LLMCad §3.3 fallback threshold α, 0 = off);
+    allowed: constrained decoding (core/constraint.py): the bool mask [V] of the tokens
+    allowed after a node, given the tokens of its path below the root; None = any.
     """
 
     depth: int
@@ -51,14 +54,17 @@ class TreeSpec:
     width: int = 1
     min_branch_prob: float = 0.0
     stop_below: float = 0.0
+    allowed: Callable[[list[int]], torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def chain(cls, length: int) -> TreeSpec:
         return cls(depth=length, branch=1, expand=1, width=length)
 
     def capped(self, max_depth: int) -> TreeSpec:
-        depth = max(0, min(self.depth, max_depth))
-        return TreeSpec(depth, self.branch, self.expand, self.width, self.min_branch_prob, self.stop_below)
+        return replace(self, depth=max(0, min(self.depth, max_depth)))
+
+    def constrained(self, allowed: Callable[[list[int]], torch.Tensor] | None) -> TreeSpec:
+        return self if allowed is None else replace(self, allowed=allowed)
 
 
 def draft_children(logits: torch.Tensor, spec: TreeSpec, sampler: Sampler):
@@ -73,7 +79,7 @@ def draft_children(logits: torch.Tensor, spec: TreeSpec, sampler: Sampler):
     # children stay a prefix of their draw order (see TokenTree.select).
     kept = tokens[:1]
     for t in tokens[1:]:
-        if float(probs[t]) < spec.min_branch_prob:
+        if float(probs[t]) < spec.min_branch_prob or float(probs[t]) <= 0.0:  # 0: masked by a grammar
             break
         kept.append(t)
     return kept, [math.log(max(float(probs[t]), 1e-30)) for t in kept], proposal
@@ -210,6 +216,8 @@ class ModelDrafter:
         for level in range(1, spec.depth + 1):
             new_nodes = []
             for node, logits in frontier:
+                if spec.allowed is not None:  # the draft masked as the target is
+                    logits = constrain(logits, spec.allowed([tree.tokens[n] for n in tree.path(node)]))
                 tokens, logps, proposal = draft_children(logits, spec, sampler)
                 tree.proposals[node] = proposal
                 new_nodes += [tree.add(node, t, lp) for t, lp in zip(tokens, logps)]

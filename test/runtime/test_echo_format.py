@@ -82,15 +82,28 @@ error: ''
 
 def test_messages_nested_two_deep_and_string_sequences():
     reg = registry()
-    twist = reg.new("geometry_msgs/msg/Twist", angular=reg.new("geometry_msgs/msg/Vector3", z=0.75))
-    nav = received("edge_llm_ros/msg/NavAction", request_id="n", action="turn_left", angle_rad=1.5, valid=True,
-                   raw_text="- turn left: 90°", twist=twist)
+    nav = received("edge_llm_ros/msg/NavAction", request_id="n", frame_stamp=reg.new(
+        "builtin_interfaces/msg/Time", sec=3, nanosec=5), action="turn_left", magnitude="small", angle_rad=1.5,
+        valid=True, raw_text="- turn left: 90°")
     assert message_to_yaml(nav, ECHO).split("frame_id: ''\n")[1] == """\
 request_id: n
+frame_stamp:
+  sec: 3
+  nanosec: 5
 action: turn_left
+magnitude: small
 distance_m: 0.0
 angle_rad: 1.5
-speed: 0.0
+reason: ''
+confidence: 0.0
+latency_s: 0.0
+valid: true
+raw_text: '- turn left: 90°'
+error: ''
+"""
+    twist = received("geometry_msgs/msg/TwistStamped", twist=reg.new(
+        "geometry_msgs/msg/Twist", angular=reg.new("geometry_msgs/msg/Vector3", z=0.75)))
+    assert message_to_yaml(twist, ECHO).split("frame_id: ''\n")[1] == """\
 twist:
   linear:
     x: 0.0
@@ -100,9 +113,6 @@ twist:
     x: 0.0
     y: 0.0
     z: 0.75
-valid: true
-raw_text: '- turn left: 90°'
-error: ''
 """
     plan = received("edge_llm_ros/msg/Plan", mode="tree", stage_layer_begin=[0, 15], stage_layer_end=[15, 30],
                     stage_nodes=["edge", "cloud"])

@@ -17,7 +17,6 @@ Text that does not parse becomes `stop`: the robot never moves on a misread answ
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 VERBS = ("forward", "backward", "turn_left", "turn_right", "stop")
@@ -27,9 +26,41 @@ MAGNITUDES = ("small", "medium", "large")
 REASON_CHARS = 80
 REASON_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 ,-"
 
-_REASON = f"[{re.escape(REASON_ALPHABET)}]{{1,{REASON_CHARS}}}"
-_ANSWER = re.compile(rf"reason: (?P<reason>{_REASON})\naction: (?P<verb>{'|'.join(VERBS)})"
-                     rf"(?: (?P<magnitude>{'|'.join(MAGNITUDES)}))?\s*")
+REASON_PREFIX, ACTION_PREFIX = "reason: ", "action: "
+
+
+class AnswerAutomaton:
+    """The grammar as a character automaton (core/constraint.CharAutomaton), for constrained
+    decoding and for :func:`parse`. States: ("prefix", i) after i characters of "reason: ";
+    ("reason", n) after n reason characters; ("action", s) after the text s that follows the
+    reason's newline, a prefix of one of the action lines."""
+
+    start = ("prefix", 0)
+
+    def __init__(self) -> None:
+        moves = [f"{verb} {m}" for verb in VERBS if verb != "stop" for m in MAGNITUDES]
+        self.lines = frozenset(ACTION_PREFIX + a for a in [*moves, "stop"])
+        self.prefixes = frozenset(line[:i] for line in self.lines for i in range(len(line) + 1))
+        self.alphabet = frozenset(REASON_PREFIX + REASON_ALPHABET + "\n" + "".join(self.lines))
+
+    def step(self, state, ch: str):
+        phase, at = state
+        if phase == "prefix":
+            if REASON_PREFIX[at] != ch:
+                return None
+            return ("prefix", at + 1) if at + 1 < len(REASON_PREFIX) else ("reason", 0)
+        if phase == "reason":
+            if ch == "\n":
+                return ("action", "") if at > 0 else None
+            return ("reason", at + 1) if ch in REASON_ALPHABET and at < REASON_CHARS else None
+        text = at + ch
+        return ("action", text) if text in self.prefixes else None
+
+    def accepting(self, state) -> bool:
+        return state[0] == "action" and state[1] in self.lines
+
+
+ANSWER = AnswerAutomaton()
 
 
 class ActionParseError(ValueError):
@@ -99,13 +130,19 @@ def clean_reason(text: str) -> str:
 
 
 def parse(text: str) -> NavCommand:
-    """The answer in ``text``, or ActionParseError saying why not."""
-    match = _ANSWER.fullmatch(text)
-    if match is None:
+    """The answer in ``text`` (trailing whitespace aside), or ActionParseError saying why not."""
+    body, state = text.rstrip(), ANSWER.start
+    for ch in body:
+        state = ANSWER.step(state, ch)
+        if state is None:
+            break
+    if state is None or not ANSWER.accepting(state):
         head = text[:120].replace("\n", "\\n")
         raise ActionParseError(f"not 'reason: ...\\naction: <verb> [<magnitude>]' with verb in {list(VERBS)}: "
                                f"{head!r}")
-    return NavCommand(match["verb"], match["magnitude"] or "", match["reason"])
+    reason, action = body[len(REASON_PREFIX):].split("\n" + ACTION_PREFIX)
+    verb, _, magnitude = action.partition(" ")
+    return NavCommand(verb, magnitude, reason)
 
 
 def parse_or_stop(text: str) -> tuple[NavCommand, str]:

@@ -1,0 +1,140 @@
+"""Constrained decoding: the tokens a grammar allows next, for the target and the draft alike.
+
+Contract: a :class:`TokenGrammar` turns a character automaton (a :class:`CharAutomaton`: a start
+state, ``step(state, ch)`` -> the next state or None, ``accepting(state)``) and a tokenizer's
+token texts into a mask over the vocabulary: ``allowed(generated)`` is a bool tensor [V], True for
+each token whose text keeps ``generated``'s text inside the grammar, and True for the EOS tokens
+once the text is a complete sentence of it (then only for them). Masks are cached per automaton
+state, so a state costs one pass over the candidate tokens once.
+
+How the engine uses it (core/decoding.py): every row of the target's logits is masked with the
+allowed set after that row's context (the generated tokens and the tree path to the row), and the
+drafter masks its own logits at every node the same way (TreeSpec.allowed). The verifier then
+checks the draft against the constrained target: greedy output equals the constrained target's
+greedy output token for token, sampled output follows the constrained target's distribution, in
+every mode. The output is always a prefix of a sentence of the grammar (a complete one unless the
+token limit ends it first). Knows nothing about ROS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+import torch
+
+
+class CharAutomaton(Protocol):
+    """A deterministic automaton over characters (states are hashable, None is the dead state)."""
+
+    start: Hashable
+    alphabet: frozenset[str]
+
+    def step(self, state: Hashable, ch: str) -> Hashable | None: ...
+
+    def accepting(self, state: Hashable) -> bool: ...
+
+
+def token_texts(tokenizer, vocab_size: int) -> list[str]:
+    """Each token id's own text ('' for ids the tokenizer does not know, or that decode to a
+    partial character: such tokens are never allowed)."""
+    texts = []
+    for i in range(vocab_size):
+        try:
+            text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except (KeyError, IndexError, ValueError, TypeError):
+            text = ""
+        texts.append("" if "\ufffd" in text else text)
+    return texts
+
+
+class TokenGrammar:
+    """The vocabulary masks of one automaton for one tokenizer (see the module docstring)."""
+
+    def __init__(self, automaton: CharAutomaton, texts: Sequence[str], eos_ids: Sequence[int]) -> None:
+        if not eos_ids:
+            raise ValueError("a grammar needs the EOS token ids: they end a complete sentence")
+        self.automaton = automaton
+        self.texts = list(texts)
+        self.vocab_size = len(self.texts)
+        self.eos_ids = [int(e) for e in eos_ids]
+        # Only tokens spelled in the automaton's alphabet can ever be allowed.
+        self.candidates = [i for i, t in enumerate(self.texts) if t and set(t) <= automaton.alphabet]
+        self._masks: dict[Hashable, torch.Tensor] = {}
+        self._states: dict[tuple[int, ...], Hashable | None] = {(): automaton.start}
+
+    @classmethod
+    def for_tokenizer(cls, automaton: CharAutomaton, tokenizer, vocab_size: int,
+                      eos_ids: Sequence[int]) -> TokenGrammar:
+        return cls(automaton, token_texts(tokenizer, vocab_size), eos_ids)
+
+    def walk(self, state: Hashable | None, text: str) -> Hashable | None:
+        step = self.automaton.step
+        for ch in text:
+            if state is None:
+                return None
+            state = step(state, ch)
+        return state
+
+    def state_after(self, generated: Sequence[int]) -> Hashable | None:
+        """The automaton's state after the generated tokens (None: they left the grammar; an EOS
+        ends the sentence and nothing follows it)."""
+        key = tuple(int(t) for t in generated)
+        if key in self._states:
+            return self._states[key]
+        before = self.state_after(key[:-1])
+        last = key[-1]
+        if before is None or last in self.eos_ids:
+            state = None
+        else:
+            state = self.walk(before, self.texts[last]) if 0 <= last < self.vocab_size else None
+        if len(self._states) > 100_000:  # one request's prefixes and its trees' paths; start afresh
+            self._states = {(): self.automaton.start}
+        self._states[key] = state
+        return state
+
+    def mask(self, state: Hashable | None) -> torch.Tensor:
+        """Bool [V]: the tokens allowed in ``state`` (none in the dead state)."""
+        if state is None:
+            return torch.zeros(self.vocab_size, dtype=torch.bool)
+        if state not in self._masks:
+            allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+            for i in self.candidates:
+                if self.walk(state, self.texts[i]) is not None:
+                    allowed[i] = True
+            if self.automaton.accepting(state):
+                allowed[:] = False  # a complete sentence: it ends here
+                allowed[self.eos_ids] = True
+            self._masks[state] = allowed
+        return self._masks[state]
+
+    def allowed(self, generated: Sequence[int]) -> torch.Tensor:
+        return self.mask(self.state_after(generated))
+
+    def complete(self, generated: Sequence[int]) -> bool:
+        """Whether the generated text is a whole sentence (with or without its EOS)."""
+        ids = list(generated)
+        if ids and ids[-1] in self.eos_ids:
+            ids = ids[:-1]
+        state = self.state_after(ids)
+        return state is not None and self.automaton.accepting(state)
+
+    def rows_allowed(self, generated: Sequence[int], paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Bool [R, V]: the allowed tokens after ``generated`` + each path."""
+        base = list(generated)
+        return torch.stack([self.allowed(base + list(path)) for path in paths])
+
+    def bind(self, generated: Sequence[int]) -> Callable[[Sequence[int]], torch.Tensor]:
+        """``path -> allowed mask`` after ``generated`` + path (what a drafter calls per node)."""
+        base = list(generated)
+        return lambda path: self.allowed(base + list(path))
+
+
+def constrain(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Logits [..., V] with the disallowed tokens at -inf (a row with nothing allowed keeps its
+    logits: the grammar is already broken there, and no row of an accepted path is such a row)."""
+    allowed = allowed.to(logits.device)
+    if allowed.dim() == 1:
+        allowed = allowed.expand_as(logits)
+    dead = ~allowed.any(-1, keepdim=True)
+    return logits.masked_fill(~(allowed | dead), float("-inf"))
