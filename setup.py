@@ -27,10 +27,13 @@ setup(
         "rosbags>=0.11",
         "mcap>=1.6",
         "tqdm>=4.60",
+        "opencv-python-headless>=4.8",  # the simulator's camera, the navigator's frames
     ],
     extras_require={
         "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
-        "vlm": ["qwen-vl-utils>=0.0.10", "opencv-python-headless>=4.8", "torchvision"],
+        # Qwen2-VL preprocessing: qwen-vl-utils imports torchvision, which needs a torchvision
+        # built for the installed torch (none exists for these machines' CPU torch 2.13.0+cpu).
+        "vlm": ["qwen-vl-utils>=0.0.10", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
         "test": ["pytest>=8", "pytest-timeout>=2"],
@@ -42,6 +45,9 @@ setup(
         share("action", "*.action"),
         share("launch", "*.py"),
         share("config", "*.yaml"),
+        share("config/worlds", "*.yaml"),
+        # vendored interface packages (runtime/interfaces.py VENDORED): their msg/ for the embedded backend
+        ("share/unitree_api/msg", [str(p) for p in sorted((here / "interfaces/unitree_api/msg").glob("*.msg"))]),
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
     ],
     entry_points={

@@ -51,7 +51,10 @@ def token_texts(tokenizer, vocab_size: int) -> list[str]:
 class TokenGrammar:
     """The vocabulary masks of one automaton for one tokenizer (see the module docstring)."""
 
-    def __init__(self, automaton: CharAutomaton, texts: Sequence[str], eos_ids: Sequence[int]) -> None:
+    def __init__(self, automaton: CharAutomaton, texts: Sequence[str], eos_ids: Sequence[int],
+                 start_text: str = "") -> None:
+        """``start_text``: the sentence's beginning, already written (in the prompt): the generated
+        tokens continue it."""
         if not eos_ids:
             raise ValueError("a grammar needs the EOS token ids: they end a complete sentence")
         self.automaton = automaton
@@ -61,12 +64,19 @@ class TokenGrammar:
         # Only tokens spelled in the automaton's alphabet can ever be allowed.
         self.candidates = [i for i, t in enumerate(self.texts) if t and set(t) <= automaton.alphabet]
         self._masks: dict[Hashable, torch.Tensor] = {}
-        self._states: dict[tuple[int, ...], Hashable | None] = {(): automaton.start}
+        self.start = self.walk(automaton.start, start_text)
+        if self.start is None:
+            raise ValueError(f"start_text {start_text[:80]!r} is not the beginning of a sentence of the grammar")
+        self._states: dict[tuple[int, ...], Hashable | None] = {(): self.start}
 
     @classmethod
     def for_tokenizer(cls, automaton: CharAutomaton, tokenizer, vocab_size: int,
                       eos_ids: Sequence[int]) -> TokenGrammar:
         return cls(automaton, token_texts(tokenizer, vocab_size), eos_ids)
+
+    def continuing(self, start_text: str) -> TokenGrammar:
+        """The same grammar for tokens that continue ``start_text`` (token texts shared)."""
+        return TokenGrammar(self.automaton, self.texts, self.eos_ids, start_text)
 
     def walk(self, state: Hashable | None, text: str) -> Hashable | None:
         step = self.automaton.step
@@ -89,7 +99,7 @@ class TokenGrammar:
         else:
             state = self.walk(before, self.texts[last]) if 0 <= last < self.vocab_size else None
         if len(self._states) > 100_000:  # one request's prefixes and its trees' paths; start afresh
-            self._states = {(): self.automaton.start}
+            self._states = {(): self.start}
         self._states[key] = state
         return state
 

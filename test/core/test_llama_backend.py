@@ -202,7 +202,7 @@ def test_sampled_trees_on_llama_cpp_follow_the_targets_distribution(lm, prompts)
     from edge_llm_ros.core import Sampler
     from edge_llm_ros.core.gguf_export import load_llama_drafter
 
-    ids, samples = lm.tokenizer.encode("The robot walked into the kitchen and"), 300  # short: cheap prefills
+    ids, samples = lm.tokenizer.encode("The robot walked into the kitchen and"), 150  # short: cheap prefills
     sampler = Sampler(temperature=1.0, top_k=8)
     config = preset("tree", temperature=1.0, top_k=8, max_new_tokens=2, eos_token_ids=())
 
