@@ -45,6 +45,7 @@ $(ROS2_STAMP): $(STAMP) constraints.txt
 
 ros2: $(ROS2_STAMP)
 	@mkdir -p $(ROS2_WS)/src && ln -sfn ../../.. $(ROS2_WS)/src/edge_llm_ros
+	@ln -sfn ../../../interfaces/unitree_api $(ROS2_WS)/src/unitree_api  # colcon stops at the root's package.xml
 	cd $(ROS2_WS) && bash -c 'source $(abspath $(VENV))/ros2_setup.sh && colcon build --base-paths src \
 	  --cmake-args -DBUILD_TESTING=OFF \
 	  -DPython3_EXECUTABLE=$(abspath $(PY))' > colcon.log 2>&1 || { tail -30 colcon.log; exit 1; }
@@ -59,13 +60,19 @@ demo: install
 SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash && \
   export PYTHONPATH=$(CURDIR):$$PYTHONPATH &&
 
+# Two passes: the tests not marked slow on two pytest-xdist workers (the core tests pin torch
+# to one thread: test/core/conftest.py), then the slow ones (real node processes, launches, the reliability
+# suite, the real-process benches) one at a time, as they time and load the machine themselves.
+# Both always run; the target fails if either failed.
 test: install ros2
-	$(SOURCED) $(PY) -m pytest -q test
+	@$(SOURCED) fast=0; slow=0; \
+	  $(PY) -m pytest -q -m "not slow" -n 2 test || fast=$$?; \
+	  $(PY) -m pytest -q -m slow test || slow=$$?; \
+	  echo "make test: not-slow pass exit $$fast, slow pass exit $$slow"; test $$fast = 0 -a $$slow = 0
 
-# While you work: everything but the tests marked slow (real node processes, launches, the
-# reliability suite, the real-process benches); `make test` runs them all, as CI does.
+# While you work: everything but the tests marked slow; `make test` runs them all, as CI does.
 test-fast: install ros2
-	$(SOURCED) $(PY) -m pytest -q -m "not slow" test
+	$(SOURCED) $(PY) -m pytest -q -m "not slow" -n 2 test
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -36,7 +36,7 @@ setup(
         "vlm": ["qwen-vl-utils>=0.0.10", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
-        "test": ["pytest>=8", "pytest-timeout>=2"],
+        "test": ["pytest>=8", "pytest-timeout>=2", "pytest-xdist>=3.6"],
     },
     data_files=[
         (f"share/{PACKAGE}", ["package.xml"]),

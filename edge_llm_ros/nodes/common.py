@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import signal
 import sys
 import threading
@@ -32,7 +33,17 @@ def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> bool:
     return bool(libc.mallopt(-8, count))  # M_ARENA_MAX, from glibc's malloc.h
 
 
-TRIM_PERIOD_S = 10.0
+TRIM_PERIOD_ENV = "EDGE_LLM_TRIM_PERIOD_S"  # the reliability bench shortens it to read settled RSS sooner
+
+
+def trim_period_s() -> float:
+    """Seconds between two heap trims: 10, or ``$EDGE_LLM_TRIM_PERIOD_S`` (0.5..3600)."""
+    raw = os.environ.get(TRIM_PERIOD_ENV, "")
+    try:
+        value = float(raw) if raw else 10.0
+    except ValueError:
+        value = 10.0
+    return min(max(value, 0.5), 3600.0)
 
 
 @functools.cache
@@ -43,13 +54,15 @@ def _libc():
     return ctypes.CDLL(None) if sys.platform.startswith("linux") else None
 
 
-def start_malloc_trimmer(period_s: float = TRIM_PERIOD_S) -> threading.Thread | None:
-    """A daemon thread that hands the heap's free pages back to the OS every ``period_s``
+def start_malloc_trimmer(period_s: float | None = None) -> threading.Thread | None:
+    """A daemon thread that hands the heap's free pages back to the OS every ``period_s`` (default
+    :func:`trim_period_s`)
     (glibc's malloc_trim: the memory a burst of traffic used and freed, kept by the allocator
     otherwise); None where that is not glibc. The call releases the GIL (ctypes) and takes a few
     milliseconds on a node's heap."""
     if not trim_heap():
         return None
+    period_s = trim_period_s() if period_s is None else period_s
 
     def trim() -> None:
         while True:

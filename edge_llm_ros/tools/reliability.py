@@ -56,6 +56,7 @@ LIVE_TOKENS = 64  # the goal that runs through the fuzz, and through each fault
 WARM_GOALS = 8  # draft_node's max_requests: RSS "before" is taken with every slot used once ...
 WARM_MESSAGES = 1000  # ... and after a first burst of fuzz (another seed)
 START_TIMEOUT_S = 300.0
+TRIM_PERIOD_S = 2.0  # the nodes' heap trim period here: settled RSS is read one period after a quiet goal
 TARGETS = {"crashes": 0, "hangs": 0, "live_requests_lost": 0, "rss_growth_mb": 50.0,
            "recovery_over_start_time": 2.0,  # the verifier's (the issue's target); the others are reported
            "messages": 10_000, "concurrent_goals": 30}
@@ -267,14 +268,14 @@ def await_answers(fleet: Fleet, burst: Burst, done_before: int, timeout: float) 
 def settled_rss(deployment: Deployment, fleet: Fleet, references: References, deadline_s: float) -> dict:
     """Each node's RSS once the deployment is quiet: a goal served exactly (the fuzz's requests
     expired from the verifier), then one malloc-trim period (nodes/common.py) later."""
-    from edge_llm_ros.nodes.common import TRIM_PERIOD_S
+    from edge_llm_ros.nodes.common import trim_period_s
 
     goal, deadline = fleet.generate(PROMPTS[0], deadline_s), time.monotonic() + 2 * deadline_s
     while not exact(goal, references) and time.monotonic() < deadline:  # the verifier is full of fuzz requests
         goal = fleet.generate(PROMPTS[0], deadline_s)
     if not exact(goal, references):
         raise ToolError(f"no exact goal after the fuzz: {goal}")
-    time.sleep(TRIM_PERIOD_S + 1.0)
+    time.sleep(trim_period_s() + 1.0)
     return {name: deployment.rss_mb(name) for name in PEERS}
 
 
@@ -380,10 +381,12 @@ def fault_phase(deployment: Deployment, fleet: Fleet, references: References, na
 
 def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path: Path | None,
                     faults: tuple[str, ...] = (*PEERS, ROUTER), launch_args: list[str] = ()) -> dict:
+    from edge_llm_ros.nodes.common import TRIM_PERIOD_ENV
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint
 
     endpoint = free_endpoint()
     os.environ[ENDPOINT_ENV] = endpoint  # this process's session and the nodes meet at the launcher's router
+    os.environ.setdefault(TRIM_PERIOD_ENV, str(TRIM_PERIOD_S))  # the nodes trim their heaps this often
     log, references = EventLog(log_path), References()
     started = time.perf_counter()
     goal_deadline_s = 60.0
