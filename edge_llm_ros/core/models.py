@@ -162,8 +162,30 @@ class TorchCausalLM:
     # -- the steps of one forward pass ------------------------------------------------------------
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids -> [B, T, E] hidden states."""
-        return self.embed_tokens(token_ids)
+        """[B, T] token ids -> [B, T, E] hidden states (a view's embedding rows in place of theirs)."""
+        hidden = self.embed_tokens(token_ids)
+        rows = getattr(self, "_embedding_rows", None)
+        if rows is None:
+            return hidden
+        ids, values = rows
+        hits = token_ids.unsqueeze(-1) == ids.to(token_ids.device)  # [B, T, K]
+        if not hits.any():
+            return hidden
+        return torch.where(hits.any(-1, keepdim=True), hits.to(values.dtype) @ values, hidden)
+
+    def with_embeddings(self, rows: dict[int, torch.Tensor]) -> TorchCausalLM:
+        """A view in which token ``i`` of ``rows`` embeds as ``rows[i]`` [E] instead of its own row:
+        how an image enters the engine (core/nav/vlm.py puts an image's K rows in the places of K
+        reserved tokens of the prompt), so every decoding mode works with images unchanged. Shares
+        every weight and the head copy with this model."""
+        view = copy.copy(self)
+        ids = torch.tensor(sorted(rows), dtype=torch.long)
+        values = torch.stack([rows[int(i)].to(self.dtype).reshape(-1) for i in ids])  # [K, E]
+        if values.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"embedding rows have width {values.shape[-1]}, the model's hidden size is "
+                             f"{self.config.hidden_size}")
+        view._embedding_rows = (ids, values.to(self.device))
+        return view
 
     def rotary_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, T, D] from the model's own rotary module."""

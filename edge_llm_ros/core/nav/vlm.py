@@ -1,0 +1,172 @@
+"""A small vision-language model for the navigator, built on the LLM the package already runs.
+
+LLaVA-style: a small CNN encodes the camera frame into ``tokens`` feature vectors, and a projector
+per language model maps them into that model's embedding space (SmolLM2's for the target, the
+draft's for the draft: the shipped draft shares SmolLM2's embeddings, but it gets its own
+projector, trained to agree with the target). The image's rows take the places of ``tokens``
+reserved token ids in the prompt (special tokens a chat never uses; SmolLM2: ids 3-10), through
+:meth:`TorchCausalLM.with_embeddings`, so the image enters the engine like token embeddings and
+every decoding mode, lossless ones included, works with images unchanged.
+
+    adapter = NavAdapter.load(path)                         # encoder + projectors + prompt format
+    ids = adapter.prompt_ids(tokenizer, "go to the red chair")
+    target_view = adapter.condition(target, frame, "target")  # a TorchCausalLM view
+    draft_view = adapter.condition(draft_model, frame, "draft")
+
+On disk, a directory: ``config.json`` (format, image size, token count, reserved ids, the
+target's identity, training metadata) and ``adapter.safetensors``. Knows nothing about ROS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models import TorchCausalLM
+
+ADAPTER_FORMAT = "edge_llm_ros.nav_adapter/1"
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "adapter.safetensors"
+ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "data" / "nav"
+DEFAULT_ADAPTER = "smollm2-nav"
+SYSTEM = "You drive a quadruped robot from its front camera. Answer with a short reason, then one action."
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """The image format and the prompt's image slots. ``height`` x ``width``: what the encoder
+    sees (frames are resized to it); ``reserved_ids``: one token id per image row."""
+
+    height: int = 48
+    width: int = 64
+    channels: int = 64
+    reserved_ids: tuple[int, ...] = tuple(range(3, 11))
+    hidden: dict[str, int] = field(default_factory=lambda: {"target": 576, "draft": 576})
+
+    @property
+    def tokens(self) -> int:
+        return len(self.reserved_ids)
+
+    def __post_init__(self) -> None:
+        if self.tokens != 8:
+            raise ValueError(f"reserved_ids: the encoder makes 8 image rows (2 x 4), got {self.tokens} ids")
+
+
+class VisionEncoder(nn.Module):
+    """[B, 3, H, W] in [0, 1] -> [B, 8, C]: four strided convolutions down to a 2 x 4 grid (the
+    columns keep the bearing of what is seen), one row per cell, plus a learned position per cell."""
+
+    def __init__(self, channels: int = 64) -> None:
+        super().__init__()
+        c = channels
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, c // 2, 5, stride=2, padding=2), nn.GELU(),       # [B, C/2, H/2, W/2]
+            nn.Conv2d(c // 2, c, 3, stride=2, padding=1), nn.GELU(),       # [B, C, H/4, W/4]
+            nn.Conv2d(c, c, 3, stride=2, padding=1), nn.GELU(),            # [B, C, H/8, W/8]
+            nn.AdaptiveAvgPool2d((2, 4)),                                  # [B, C, 2, 4]
+        )
+        self.position = nn.Parameter(torch.zeros(8, c))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        grid = self.convs(images)  # [B, C, 2, 4]
+        return grid.flatten(2).transpose(1, 2) + self.position  # [B, 8, C]
+
+
+class NavAdapter(nn.Module):
+    """The encoder and one projector per language model (see the module docstring)."""
+
+    def __init__(self, config: AdapterConfig | None = None, identity: dict | None = None,
+                 training: dict | None = None) -> None:
+        super().__init__()
+        self.config = config or AdapterConfig()
+        self.identity = identity or {}
+        self.training_info = training or {}
+        self.encoder = VisionEncoder(self.config.channels)
+        self.projectors = nn.ModuleDict({
+            name: nn.Sequential(nn.Linear(self.config.channels, width), nn.GELU(), nn.Linear(width, width))
+            for name, width in self.config.hidden.items()
+        })
+
+    # -- frames and prompts -----------------------------------------------------------------------
+
+    def preprocess(self, frames: np.ndarray | list[np.ndarray]) -> torch.Tensor:
+        """RGB uint8 frames [H, W, 3] (any size) -> [B, 3, h, w] floats in [0, 1]."""
+        import cv2
+
+        batch = frames if isinstance(frames, list) else [frames]
+        size = (self.config.width, self.config.height)
+        resized = [cv2.resize(np.ascontiguousarray(f), size, interpolation=cv2.INTER_AREA) for f in batch]
+        return torch.from_numpy(np.stack(resized)).permute(0, 3, 1, 2).float() / 255.0
+
+    def prompt_ids(self, tokenizer, instruction: str) -> list[int]:
+        """The chat prompt: the system line, the image's reserved ids, the instruction; the
+        assistant's turn is open (its answer follows the action grammar, core/nav/actions.py)."""
+        marker = "<image>"
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"{marker}\nInstruction: {instruction.strip()}"}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        before, after = text.split(marker)
+        encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        return encode(before) + list(self.config.reserved_ids) + encode(after)
+
+    # -- image rows -------------------------------------------------------------------------------
+
+    def rows(self, images: torch.Tensor, model: str) -> torch.Tensor:
+        """[B, 3, h, w] -> [B, 8, E] rows in ``model``'s embedding space."""
+        return self.projectors[model](self.encoder(images))
+
+    @torch.inference_mode()
+    def condition(self, lm: TorchCausalLM, frame: np.ndarray, model: str = "target") -> TorchCausalLM:
+        """A view of ``lm`` in which the prompt's reserved ids embed as ``frame``'s rows."""
+        rows = self.rows(self.preprocess(frame), model)[0]  # [8, E]
+        return lm.with_embeddings({i: rows[k] for k, i in enumerate(self.config.reserved_ids)})
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {"format": ADAPTER_FORMAT, **asdict(self.config), "target": self.identity,
+                  "training": self.training_info}
+        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(folder / WEIGHTS_FILE))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike | None = None, target: TorchCausalLM | None = None) -> NavAdapter:
+        """The adapter in ``folder`` (None: the shipped one for SmolLM2); with ``target``, refuse a
+        target other than the one it was trained for (naming what differs)."""
+        from safetensors.torch import load_file
+
+        folder = ADAPTERS_DIR / DEFAULT_ADAPTER if folder is None else Path(folder)
+        path = folder / CONFIG_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"no navigation adapter in {folder} (no {CONFIG_FILE}); train one with: "
+                                    "edge-llm-ros train nav")
+        raw = json.loads(path.read_text())
+        if raw.get("format") != ADAPTER_FORMAT:
+            raise ValueError(f"{path}: format {raw.get('format')!r}, expected {ADAPTER_FORMAT!r}")
+        config = AdapterConfig(raw["height"], raw["width"], raw["channels"], tuple(raw["reserved_ids"]),
+                               dict(raw["hidden"]))
+        adapter = cls(config, raw.get("target", {}), raw.get("training", {}))
+        if target is not None:
+            check_identity(adapter.identity, target, folder)
+        adapter.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+        return adapter.eval()
+
+
+def check_identity(identity: dict, target: TorchCausalLM, where: os.PathLike) -> None:
+    from ..training import target_identity
+
+    ours = target_identity(target)
+    differ = [k for k in identity if k in ours and identity[k] != ours[k]]
+    if differ:
+        raise ValueError(f"navigation adapter {where} was trained for another target: "
+                         + ", ".join(f"{k} {identity[k]!r} != {ours[k]!r}" for k in differ))

@@ -1,0 +1,103 @@
+"""The navigator's decision on a tiny random VLM (tiny Llamas on SmolLM2's tokenizer, a random
+adapter) and camera frames from the simulator: answers stay in the grammar, speculative modes give
+the AR answer token for token, a frame enters as the image's rows (another frame, another answer
+state), and malformed frames are refused naming the field."""
+
+import numpy as np
+import pytest
+
+from edge_llm_ros.core import GenerationConfig, tiny_llama
+from edge_llm_ros.core.models import load_tokenizer
+from edge_llm_ros.core.nav.actions import ANSWER
+from edge_llm_ros.core.nav.camera import Camera
+from edge_llm_ros.core.nav.frames import FrameError, from_compressed, from_raw
+from edge_llm_ros.core.nav.navigator import Navigator, Waiting
+from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter
+from edge_llm_ros.core.nav.world import Pose
+from edge_llm_ros.core.nav.worldgen import generate
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    tokenizer = load_tokenizer()
+    target = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, max_context=256, seed=5)
+    draft = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, max_context=256, seed=6)
+    target.tokenizer = draft.tokenizer = tokenizer
+    adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32})).eval()
+    return adapter, target, draft
+
+
+@pytest.fixture(scope="module")
+def frames():
+    world, camera = generate(3), Camera()
+    start = world.start
+    return [camera.render(world, Pose(start.x, start.y, start.yaw + turn)) for turn in (0.0, 1.5, 3.0)]
+
+
+def test_speculative_modes_give_the_ar_answer_and_stay_in_the_grammar(vlm, frames):
+    adapter, target, draft = vlm
+    answers = {}
+    for mode in ("ar", "sd", "tree"):
+        config = GenerationConfig(mode=mode, max_new_tokens=64, gamma=3, tree_depth=3, tree_width=6)
+        navigator = Navigator(adapter, target, draft if mode != "ar" else None, config)
+        answers[mode] = [navigator.decide(frame, "go to the red chair") for frame in frames]
+    for mode in ("sd", "tree"):
+        assert [d.text for d in answers[mode]] == [d.text for d in answers["ar"]], mode
+    grammar = navigator.grammar
+    for decision in answers["ar"]:
+        ids = target.tokenizer.encode(decision.text, add_special_tokens=False)
+        assert grammar.walk(ANSWER.start, decision.text) is not None  # a sentence of the grammar or its prefix
+        assert decision.valid == (decision.error == "") and (decision.valid or decision.command.verb == "stop")
+        assert 0.0 <= decision.confidence <= 1.0 and ids
+
+
+def test_the_frame_enters_as_the_images_rows(vlm, frames):
+    adapter, target, _ = vlm
+    ids = adapter.prompt_ids(target.tokenizer, "go to the red chair")
+    assert sum(i in adapter.config.reserved_ids for i in ids) == 8
+    views = [adapter.condition(target, frame) for frame in frames[:2]]
+    import torch
+
+    rows = [v.embed(torch.tensor([ids]))[0] for v in views]
+    image = torch.tensor([i in adapter.config.reserved_ids for i in ids])
+    assert torch.equal(rows[0][~image], rows[1][~image])  # the text's rows are the model's own
+    assert not torch.allclose(rows[0][image], rows[1][image])  # the image's rows follow the frame
+
+
+def test_a_navigator_refuses_sampling_and_a_missing_draft(vlm):
+    adapter, target, _ = vlm
+    with pytest.raises(ValueError, match="needs a draft"):
+        Navigator(adapter, target, None, GenerationConfig(mode="sd"))
+    with pytest.raises(ValueError, match="greedily"):
+        Navigator(adapter, target, None, GenerationConfig(mode="ar", temperature=0.7))
+
+
+def test_frames_decode_and_malformed_ones_name_the_field():
+    import cv2
+
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    assert np.array_equal(from_raw("rgb8", 6, 4, 18, rgb.tobytes()), rgb)
+    padded = np.zeros((4, 20), np.uint8)
+    padded[:, :18] = rgb.reshape(4, 18)
+    assert np.array_equal(from_raw("bgr8", 6, 4, 20, padded.tobytes()), rgb[:, :, ::-1])
+    assert from_raw("mono8", 6, 4, 6, bytes(24)).shape == (4, 6, 3)
+    ok, png = cv2.imencode(".png", rgb[:, :, ::-1])
+    assert ok and np.array_equal(from_compressed("png", png.tobytes()), rgb)
+    for args, field in [(("yuv422", 6, 4, 12, bytes(48)), "encoding"), (("rgb8", 0, 4, 0, b""), "width"),
+                        (("rgb8", 6, 4, 10, bytes(40)), "step"), (("rgb8", 6, 4, 18, bytes(50)), "data")]:
+        with pytest.raises(FrameError, match=f"^{field}"):
+            from_raw(*args)
+    with pytest.raises(FrameError, match="^data"):
+        from_compressed("jpeg", b"not a jpeg")
+
+
+def test_waiting_counts_only_the_time_the_robot_stood_idle():
+    waiting = Waiting(started=0.0)
+    waiting.idle(1.0)
+    waiting.handed_over(3.0)  # the first decision: 2 s standing
+    waiting.handed_over(5.0)  # overlapped: the next one was ready when the robot became idle
+    waiting.idle(9.0)
+    waiting.idle(9.5)  # still the same wait
+    waiting.handed_over(10.0)
+    assert waiting.total_s == pytest.approx(3.0) and waiting.rounds == 3 and waiting.waited_rounds == 2
+    assert waiting.first_motion_s == pytest.approx(3.0)
