@@ -3,8 +3,10 @@
 One definition: the `.msg`, `.srv` and `.action` files in the package's
 `msg/`, `srv/` and `action/` folders (the files colcon builds under ROS 2) are
 parsed here with rosbags' type system, on top of rosbags' copy of the standard
-ROS 2 (Jazzy) interfaces. The same store gives CDR (de)serialisation, the
-message definitions rosbag2 writes into bags, and RIHS01 type hashes.
+ROS 2 (Jazzy) interfaces, and with them the vendored interface packages under
+`interfaces/` (unitree_api: the Go2's sport API). The same store gives CDR
+(de)serialisation, the message definitions rosbag2 writes into bags, and RIHS01
+type hashes.
 
 Services and actions are composed the way rosidl composes them, so their
 hashes are computed over the same type descriptions:
@@ -40,23 +42,26 @@ from rosbags.typesys.base import Nodetype
 from .values import NUMPY_DTYPES, InterfaceError, as_array, misfit, yaml_array, yaml_field, yaml_list
 
 PACKAGE = "edge_llm_ros"
+# Interface packages kept in this repository beside this one (interfaces/<name>/msg), for robots whose
+# own packages define them: unitree_api, as unitreerobotics/unitree_ros2 does (go2_bridge_node).
+VENDORED = ("unitree_api",)
 
 
-def interface_dirs() -> list[Path]:
-    """Where the package's msg/, srv/ and action/ folders may be, in order: the source tree; the
-    share/edge_llm_ros of the install prefix this module is in (colcon's install/edge_llm_ros, whose
-    lib/python3.x/site-packages holds it); the virtual environment's; every AMENT_PREFIX_PATH's."""
+def interface_dirs(package: str = PACKAGE) -> list[Path]:
+    """Where a package's msg/, srv/ and action/ folders may be, in order: the source tree (this
+    package's root, or interfaces/<package> for a vendored one); the share/<package> of the install
+    prefix this module is in (colcon's install/edge_llm_ros, whose lib/python3.x/site-packages holds
+    it); the virtual environment's (where pip puts setup.py's data_files); every AMENT_PREFIX_PATH's."""
     here = Path(__file__).resolve().parents[2]
     prefix = here.parents[2] if len(here.parents) > 2 else here  # here is <prefix>/lib/python3.x/site-packages
+    source = here if package == PACKAGE else here / "interfaces" / package
     ament = [Path(p) for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
-    return list(dict.fromkeys([here, *(p / "share" / PACKAGE for p in (prefix, Path(sys.prefix), *ament))]))
+    return list(dict.fromkeys([source, *(p / "share" / package for p in (prefix, Path(sys.prefix), *ament))]))
 
 
-def _find_interface_root() -> Path:
-    for root in interface_dirs():
-        if (root / "msg").is_dir():
-            return root
-    raise InterfaceError(f"cannot find the {PACKAGE} msg/ folder in {[str(p) for p in interface_dirs()]}")
+def _find_interface_root(package: str = PACKAGE) -> Path | None:
+    """The first of interface_dirs(package) with a msg/ folder; None where none has one."""
+    return next((root for root in interface_dirs(package) if (root / "msg").is_dir()), None)
 
 
 def _split_sections(text: str, count: int, path: Path) -> list[str]:
@@ -94,7 +99,7 @@ class ActionType:
 
 
 class Registry:
-    """All types the runtime can send: standard ROS 2 interfaces plus this package's."""
+    """All types the runtime can send: standard ROS 2 interfaces plus this package's and VENDORED's."""
 
     def __init__(self, root: Path | None = None):
         self.store = get_typestore(Stores.ROS2_JAZZY)
@@ -103,7 +108,14 @@ class Registry:
         self.actions: dict[str, ActionType] = {}
         self._classes: dict[str, type] = {}
         self._lock = threading.Lock()
-        self._load_package(root or _find_interface_root())
+        root = root or _find_interface_root()
+        if root is None:
+            raise InterfaceError(f"cannot find the {PACKAGE} msg/ folder in {[str(p) for p in interface_dirs()]}")
+        self._load_package(root)
+        for package in VENDORED:  # where one is missing, only its types are unknown (go2_bridge's sport output)
+            vendored = _find_interface_root(package)
+            if vendored is not None:
+                self._load_package(vendored, package)
         self._add_standard_services()
 
     # ----------------------------------------------------------------- loading
@@ -160,10 +172,10 @@ class Registry:
         )
         self.actions[name] = ActionType(name, goal, result, feedback, send_goal, get_result, feedback_message)
 
-    def _load_package(self, root: Path) -> None:
+    def _load_package(self, root: Path, package: str = PACKAGE) -> None:
         # Messages first (services and actions refer to them), in name order so
         # that a message referring to another registers after it.
-        pending = {f"{PACKAGE}/msg/{p.stem}": p for p in sorted((root / "msg").glob("*.msg"))}
+        pending = {f"{package}/msg/{p.stem}": p for p in sorted((root / "msg").glob("*.msg"))}
         while pending:
             progress = False
             for name, path in list(pending.items()):
@@ -178,9 +190,9 @@ class Registry:
                 self._register_msg(name, path.read_text(), path)
         for path in sorted((root / "srv").glob("*.srv")):
             request, response = _split_sections(path.read_text(), 2, path)
-            self._register_service(f"{PACKAGE}/srv/{path.stem}", request, response, path)
+            self._register_service(f"{package}/srv/{path.stem}", request, response, path)
         for path in sorted((root / "action").glob("*.action")):
-            self._register_action(f"{PACKAGE}/action/{path.stem}", path.read_text(), path)
+            self._register_action(f"{package}/action/{path.stem}", path.read_text(), path)
 
     def _add_standard_services(self) -> None:
         # The standard services the action protocol and managed nodes (runtime/lifecycle.py) need.

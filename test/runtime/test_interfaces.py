@@ -4,10 +4,14 @@ import numpy as np
 import pytest
 
 from edge_llm_ros.runtime.interfaces import InterfaceError, Registry, registry
+from support import REPO
 
 # Hashes published in rmw_zenoh's design document for real ROS 2 types.
 KNOWN = {
     "std_msgs/msg/String": "RIHS01_df668c740482bbd48fb39d76a70dfd4bd59db1288021743503259e948f6b1a18",
+    # rosidl's (Jazzy) for the vendored unitree_api, so machines without ROS 2 check them too (test_ros2 compares all)
+    "unitree_api/msg/Request": "RIHS01_60dda80d19538b06c8f79b77222b1b7642dd753b8439a6bd535ff0cba08c5378",
+    "unitree_api/msg/Response": "RIHS01_5300d019bb652073e7248995c878765c68ab519bcbdbad2e2a17c81abd8888b9",
 }
 ADD_TWO_INTS = "RIHS01_e118de6bf5eeb66a2491b5bda11202e7b68f198d6f67922cf30364858239c81a"
 
@@ -33,6 +37,29 @@ def test_every_package_interface_is_registered():
     act = reg.action("edge_llm_ros/action/Generate")
     goal_fields = [f for f, _ in reg.store.fielddefs[act.goal][1]]
     assert goal_fields == ["prompt", "images", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "choices", "mode"]
+
+
+UNITREE_API = {  # unitreerobotics/unitree_ros2 cyclonedds_ws/src/unitree/unitree_api/msg: the wire contract
+    "Request": "RequestHeader header; string parameter; uint8[] binary",
+    "RequestHeader": "RequestIdentity identity; RequestLease lease; RequestPolicy policy",
+    "RequestIdentity": "int64 id; int64 api_id", "RequestLease": "int64 id",
+    "RequestPolicy": "int32 priority; bool noreply",
+    "Response": "ResponseHeader header; string data; int8[] binary",
+    "ResponseHeader": "RequestIdentity identity; ResponseStatus status", "ResponseStatus": "int32 code",
+}
+
+
+def test_the_vendored_unitree_api_has_unitree_ros2s_fields_and_round_trips():
+    reg = registry()
+    for name, fields in UNITREE_API.items():
+        defined = (REPO / "interfaces" / "unitree_api" / "msg" / f"{name}.msg").read_text().split("\n")
+        assert "; ".join(" ".join(line.split()) for line in defined if line.strip()) == fields, name
+        assert [f for f, _ in reg.store.fielddefs[f"unitree_api/msg/{name}"][1]] == [
+            field.split()[1] for field in fields.split("; ")]
+    msg = reg.new("unitree_api/msg/Request", parameter='{"x": 0.5, "y": 0.0, "z": 0.0}', binary=[1, 2])
+    msg.header.identity.api_id, msg.header.identity.id = 1008, 2 ** 40
+    back = reg.deserialize(reg.serialize(msg), "unitree_api/msg/Request")
+    assert reg.to_dict(back) == reg.to_dict(msg) and back.header.identity.api_id == 1008
 
 
 def test_defaults_and_roundtrip_with_arrays():

@@ -6,7 +6,8 @@ launch_pytest, in test_launch_files.py.)
 - A sourced ROS 2 selects rclpy; an unsourced shell the embedded backend (rclpy is installed in
   both); EDGE_LLM_BACKEND forces one.
 - `ros2 interface show` knows the package's types; the RIHS01 hashes rosidl computed equal the
-  embedded backend's, and rclpy's CDR bytes equal the embedded backend's for the same message.
+  embedded backend's (the vendored unitree_api's too), and rclpy's CDR bytes equal the embedded
+  backend's for the same message.
 - `ros2 launch edge_llm_ros pipeline.launch.py`: `ros2 node list` and `ros2 param` show the nodes and
   their parameters; `ros2 topic pub --once /edge_llm/instruction` is answered on `/edge_llm/response`
   with the text `edge-llm-ros generate` prints; `ros2 action send_goal --feedback` streams it; Ctrl-C
@@ -141,11 +142,14 @@ def test_interfaces_are_generated_by_rosidl_and_agree_with_the_embedded_backend(
     lifecycle = sorted(Path(get_package_share_directory("lifecycle_msgs")).glob("srv/*.json"))
     assert {p.stem for p in lifecycle} >= {"ChangeState", "GetState", "GetAvailableStates", "GetAvailableTransitions"}
     described += lifecycle  # the embedded backend's managed nodes serve these (runtime/lifecycle.py)
+    unitree = sorted((INSTALL.parent / "unitree_api").glob("share/unitree_api/msg/*.json"))  # vendored (interfaces/)
+    assert {p.stem for p in unitree} >= {"Request", "RequestHeader", "RequestIdentity", "Response"}
+    described += unitree
     for path in described:
         for entry in json.loads(path.read_text())["type_hashes"]:
             assert reg.type_hash(entry["type_name"]) == entry["hash_string"], (path.name, entry["type_name"])
 
-    names = [f"edge_llm_ros/msg/{p.stem}" for p in sorted((REPO / "msg").glob("*.msg"))]
+    names = [f"edge_llm_ros/msg/{p.stem}" for p in sorted((REPO / "msg").glob("*.msg"))] + ["unitree_api/msg/Request"]
     cases = {}
     for name in names:
         values = sample(reg, name)

@@ -27,7 +27,7 @@ from support import REPO, Proc, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes
 
-PARAMS = str(REPO / "config" / "sim.yaml")
+PARAMS = str(REPO / "config" / "go2_sim.yaml")
 WORLD = REPO / "config" / "worlds" / "default.yaml"
 WIDTH, HEIGHT, RATE = 96, 72, 20.0
 
