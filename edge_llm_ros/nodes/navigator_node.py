@@ -56,6 +56,8 @@ class NavigatorNode(ManagedNode):
         self.episode = 0  # bumped by every instruction: a decision of an older episode is dropped
         self.bridge_idle = True
         self.stopping = False
+        self.waiting = self.pending = None  # the episode's Waiting, and a decision not handed over yet
+        self.handed, self.request_id, self.outcome = 0, "", ""
         self.action_pub = self.create_publisher(self.NavAction, "nav_action", 10)
         self.episode_pub = self.create_publisher(self.String, "~/episode", latched_qos())
         self.create_subscription(rt.message("sensor_msgs/msg/Image"), "/camera/image_raw", self.on_image, 2)
@@ -137,7 +139,12 @@ class NavigatorNode(ManagedNode):
 
     def on_bridge_state(self, msg) -> None:
         with self.lock:
-            self.bridge_idle = msg.data.startswith("idle")
+            idle = msg.data.startswith("idle")
+            if idle and not self.bridge_idle and self.waiting is not None:
+                self.waiting.idle(time.monotonic())
+            self.bridge_idle = idle
+            if idle and self.pending is not None and not self.outcome:
+                self.hand_over()  # overlapped: the next action was ready
             self.lock.notify_all()
 
     # -- the decision loop (worker thread) ----------------------------------------------------------
@@ -153,14 +160,6 @@ class NavigatorNode(ManagedNode):
                     return frame
                 self.lock.wait(0.1)
         return None
-
-    def wait_idle(self, episode: int, waiting) -> bool:
-        with self.lock:
-            while not self.stopping and episode == self.episode and not self.bridge_idle:
-                self.lock.wait(0.1)
-            if self.bridge_idle:
-                waiting.idle(time.monotonic())
-            return not self.stopping and episode == self.episode
 
     def run(self) -> None:
         while True:
@@ -180,48 +179,67 @@ class NavigatorNode(ManagedNode):
                     self.instruction = ""
 
     def run_episode(self, episode: int, instruction: str) -> None:
+        """Decide, hand over, until a stop. Overlapped: decisions go on from the newest frame while the
+        robot moves, the freshest one waiting (``pending``) for the bridge to become idle; the state
+        callback hands it over at once then. Stop-and-go: one decision per idle robot, from a frame
+        taken after it stopped."""
         from edge_llm_ros.core.nav.navigator import Waiting
 
-        waiting, decisions, outcome = Waiting(), 0, "max_actions"
-        request_id = f"nav-{episode}"
-        self.wait_idle(episode, waiting)
-        pending = None
-        while decisions < self.params.max_actions:
-            if pending is None:  # stop-and-go, or the first decision: from a frame taken now
-                frame = self.fresh_frame(time.monotonic() if not self.params.overlap else 0.0, episode)
-                if frame is None:
-                    outcome = "replaced"
+        with self.lock:
+            self.waiting, self.pending, self.handed = Waiting(), None, 0
+            self.request_id, self.outcome = f"nav-{episode}", ""
+            if self.bridge_idle:
+                self.waiting.idle(time.monotonic())
+        while True:
+            with self.lock:
+                while not self.params.overlap and not self.bridge_idle and self.live(episode):
+                    self.lock.wait(0.1)
+                if not self.live(episode) or self.outcome:
                     break
-                pending = (frame, self.navigator.decide(frame[0], instruction))
-            if not self.wait_idle(episode, waiting):
-                outcome = "replaced"
+                since = self.waiting.since if not self.params.overlap else None
+            frame = self.fresh_frame(since if since is not None else 0.0, episode)
+            if frame is None:
                 break
-            frame, decision = pending
-            pending = None
-            self.publish_decision(request_id, frame, decision)
-            waiting.handed_over(time.monotonic())
-            decisions += 1
-            if decision.command.verb == "stop":
-                outcome = "stopped" if decision.valid else "invalid answer"
-                break
-            with self.lock:  # the bridge takes the action: not idle until it says so
-                self.bridge_idle = False
-            if self.params.overlap:  # the next decision from the newest frame, while the robot moves
-                frame = self.fresh_frame(time.monotonic(), episode)
-                if frame is None:
-                    outcome = "replaced"
+            decision = self.navigator.decide(frame[0], instruction)
+            with self.lock:
+                if not self.live(episode) or self.outcome:
                     break
-                pending = (frame, self.navigator.decide(frame[0], instruction))
-        if outcome == "max_actions":
-            self.publish_stop(request_id, f"{self.params.max_actions} actions without reaching a stop")
-        summary = {"episode": episode, "instruction": instruction, "outcome": outcome, "actions": decisions,
+                self.pending = (frame, decision)
+                if self.bridge_idle:
+                    self.hand_over()
+        with self.lock:
+            outcome = self.outcome or ("replaced" if episode != self.episode else "node stopped")
+            waiting, handed = self.waiting, self.handed
+        summary = {"episode": episode, "instruction": instruction, "outcome": outcome, "actions": handed,
                    "overlap": self.params.overlap, "waiting_s": round(waiting.total_s, 3),
                    "waited_rounds": waiting.waited_rounds,
                    "first_motion_s": None if waiting.first_motion_s is None else round(waiting.first_motion_s, 3)}
-        self.get_logger().info(f"episode {episode} {outcome} after {decisions} action(s): waited "
+        self.get_logger().info(f"episode {episode} {outcome} after {handed} action(s): waited "
                                f"{waiting.total_s:.2f} s for decisions ({waiting.waited_rounds} of "
                                f"{waiting.rounds} rounds), first motion after {summary['first_motion_s']} s")
         self.episode_pub.publish(self.String(data=json.dumps(summary)))
+
+    def live(self, episode: int) -> bool:
+        return not self.stopping and episode == self.episode
+
+    def hand_over(self) -> None:
+        """(Under the lock, the bridge idle.) The pending decision to the bridge, if its frame is
+        still fresh enough for it; a stop, an invalid answer or max_actions ends the episode."""
+        frame, decision = self.pending
+        if time.monotonic() - frame[2] > self.params.max_frame_age_s:
+            return  # too old for the bridge: the decision under way replaces it
+        self.pending = None
+        self.publish_decision(self.request_id, frame, decision)
+        self.waiting.handed_over(time.monotonic())
+        self.handed += 1
+        if decision.command.verb == "stop":
+            self.outcome = "stopped" if decision.valid else "invalid answer"
+        elif self.handed >= self.params.max_actions:
+            self.outcome = "max_actions"
+            self.publish_stop(self.request_id, f"{self.params.max_actions} actions without reaching a stop")
+        else:
+            self.bridge_idle = False  # the bridge takes the action: not idle until it says so
+        self.lock.notify_all()
 
     # -- outputs ---------------------------------------------------------------------------------
 

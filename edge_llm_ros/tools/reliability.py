@@ -390,22 +390,38 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
     log, references = EventLog(log_path), References()
     started = time.perf_counter()
     goal_deadline_s = 60.0
+    phases: dict[str, float] = {}
+    mark = [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = round(now - mark[0], 2)
+        mark[0] = now
+        print(f"[reliability] {name}: {phases[name]:.1f} s", file=sys.stderr, flush=True)
+
     with Deployment(edge_cloud_plan(launch_args), endpoint, log) as deployment:
         start = {name: start_time_s(log, name) for name in PEERS}
         fleet = Fleet(clients)
         try:
             fleet.wait_ready(deployment)
+            phase("start")
             for prompt in PROMPTS:
                 references(prompt)
             references(PROMPTS[1], LIVE_TOKENS)
+            phase("references")
             warm = overload_phase(fleet, references, WARM_GOALS, goal_deadline_s)  # every slot busy once
             if warm["exact"] != warm["accepted"] or not warm["accepted"]:
                 raise ToolError(f"the warm-up goals were not the target's greedy output: {warm}")
+            phase("warm-up goals")
             fuzz = fuzz_phase(deployment, fleet, references, messages, seed, goal_deadline_s)
+            phase("fuzz")
             overload = overload_phase(fleet, references, goals, goal_deadline_s)
-            fault_runs = {name: fault_phase(deployment, fleet, references, name, goal_deadline_s,
-                                            max(60.0, 4 * max(start.values())))
-                          for name in faults}
+            phase("overload")
+            fault_runs = {}
+            for name in faults:
+                fault_runs[name] = fault_phase(deployment, fleet, references, name, goal_deadline_s,
+                                               max(60.0, 4 * max(start.values())))
+                phase(f"kill {name}")
             crashes = deployment.crashes()
         finally:
             fleet.close()
@@ -436,6 +452,7 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
         "overload": overload,
         "faults": fault_runs,
         "targets": TARGETS,
+        "phase_s": phases,
         "wall_s": time.perf_counter() - started,
     }
 

@@ -34,7 +34,7 @@ ADAPTER_FORMAT = "edge_llm_ros.nav_adapter/1"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "adapter.safetensors"
 ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "data" / "nav"
 DEFAULT_ADAPTER = "smollm2-nav"
-SYSTEM = "You drive a quadruped robot from its front camera. Answer with a short reason, then one action."
+CAMERA = "Camera:"
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,11 @@ class NavAdapter(nn.Module):
         return torch.from_numpy(np.stack(resized)).permute(0, 3, 1, 2).float() / 255.0
 
     def prompt_ids(self, tokenizer, instruction: str) -> list[int]:
-        """The chat prompt: the system line, the image's reserved ids, the instruction; the
-        assistant's turn is open (its answer follows the action grammar, core/nav/actions.py)."""
-        marker = "<image>"
-        messages = [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"{marker}\nInstruction: {instruction.strip()}"}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        before, after = text.split(marker)
+        """The prompt: "Camera:", the image's reserved ids, the instruction on its own line; the
+        answer follows (the action grammar, core/nav/actions.py). Short on purpose: training runs
+        the frozen target over every prompt token."""
         encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-        return encode(before) + list(self.config.reserved_ids) + encode(after)
+        return encode(CAMERA) + list(self.config.reserved_ids) + encode(f"\nInstruction: {instruction.strip()}\n")
 
     # -- image rows -------------------------------------------------------------------------------
 

@@ -185,9 +185,9 @@ def train_adapter(adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausal
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optim.step()
             step = done + 1
-            losses.append(float(loss))
+            losses.append(loss.item())
             if progress is not None:
-                progress(step, total, float(loss))
+                progress(step, total, losses[-1])
             if checkpoint is not None and (step % config.checkpoint_every == 0 or step == total):
                 tmp = checkpoint.with_suffix(".tmp")
                 torch.save({"adapter": adapter.state_dict(), "optim": optim.state_dict(), "step": step,
@@ -223,3 +223,16 @@ def action_accuracy(adapter: NavAdapter, target: TorchCausalLM, tokenizer, gramm
         except ValueError:
             pass
     return hits / max(len(samples), 1)
+
+
+def closed_loop(navigator, camera: Camera, seeds: Sequence[int], target: str = "red chair",
+                max_steps: int = 40) -> dict:
+    """Each seed's evaluation world driven by the navigator's decisions on rendered frames (the
+    discrete actions executed exactly): the rollout per seed (``.success``: reached, nothing touched)."""
+    episodes = {}
+    for seed in seeds:
+        world = world_for(seed, target)
+        instruction = instruction_for(target)
+        policy = lambda w, pose: navigator.decide(camera.render(w, pose), instruction).command  # noqa: E731
+        episodes[seed] = rollout(world, policy, max_steps=max_steps)
+    return episodes

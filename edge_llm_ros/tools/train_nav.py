@@ -1,0 +1,135 @@
+"""``edge-llm-ros train nav``: the navigation adapter (core/nav/vlm.py), taught by the simulator.
+
+    edge-llm-ros train nav                                   # -> edge_llm_ros/data/nav/smollm2-nav
+    edge-llm-ros train nav --worlds 40 --epochs 1 --out /tmp/nav   # a quick run
+    edge-llm-ros train nav --resume                          # continue an interrupted run
+
+Frames and the expert's answers come from ``--worlds`` seeded training worlds (seeds from 10000;
+the evaluation worlds 100-109 are never among them), cached in the work directory. SmolLM2 and
+the shipped draft stay frozen; the encoder and both projectors train (checkpointed every
+``--checkpoint-every`` steps; ``--resume`` continues). Then, on held-out frames (another 8 worlds),
+the share of constrained greedy actions equal to the expert's, and on the evaluation worlds the
+closed-loop success ("reached within 0.5 m, nothing touched"); both go into the adapter's
+config.json and the summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+EVAL_WORLDS = range(100, 110)
+
+
+def add_nav_parser(sub) -> None:
+    p = sub.add_parser("nav", help="the navigator's vision adapter, trained on simulator frames",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--worlds", type=int, default=80, help="training worlds (seeds 10000..)")
+    p.add_argument("--perturb", type=int, default=2, help="poses pushed off the expert's path per pose")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--draft-weight", type=float, default=0.5, help="weight of the draft projector's loss")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--heldout-frames", type=int, default=120, help="held-out frames for the action accuracy")
+    p.add_argument("--eval-worlds", default="100-109", help="closed-loop evaluation worlds (a seed range)")
+    p.add_argument("--out", type=Path, default=None, help="adapter folder (default: the shipped one's)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="sample cache and checkpoint (default: ~/.cache/edge_llm_ros/train/smollm2-nav)")
+    p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def seed_range(text: str) -> range:
+    first, _, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last or first)
+    except ValueError:
+        raise ValueError(f"--eval-worlds: expected FIRST-LAST seeds, got {text!r}") from None
+    if hi < lo:
+        raise ValueError(f"--eval-worlds: {hi} < {lo}")
+    return range(lo, hi + 1)
+
+
+def check_nav_args(args) -> None:
+    for flag in ("worlds", "epochs", "batch_size", "lr", "checkpoint_every", "heldout_frames"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.perturb < 0 or args.draft_weight < 0:
+        raise ValueError("--perturb and --draft-weight must be >= 0")
+    args.eval_range = seed_range(args.eval_worlds)
+
+
+def train_nav_command(args) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.draft_models import load_draft
+    from edge_llm_ros.core.loading import set_threads
+    from edge_llm_ros.core.nav import vlm_training as vt
+    from edge_llm_ros.core.nav.camera import Camera
+    from edge_llm_ros.core.nav.navigator import Navigator
+    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, NavAdapter
+    from edge_llm_ros.core.training import target_identity
+
+    from .train import default_work_dir, log
+
+    set_threads(args.threads or 0)
+    work = args.work or default_work_dir("smollm2-nav")
+    out = args.out or ADAPTERS_DIR / DEFAULT_ADAPTER
+    work.mkdir(parents=True, exist_ok=True)
+    camera = Camera()
+    samples_file = work / f"samples-w{args.worlds}-p{args.perturb}.npz"
+    if samples_file.is_file():
+        samples = vt.load_samples(samples_file)
+        log(f"{len(samples)} cached samples from {samples_file}")
+    else:
+        bar = tqdm(total=args.worlds, desc="worlds", unit="world", disable=args.quiet)
+        samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds), camera,
+                                     args.perturb, progress=lambda n: bar.update(1))
+        bar.close()
+        vt.save_samples(samples, samples_file)
+        log(f"{len(samples)} samples from {args.worlds} worlds -> {samples_file}")
+    heldout_seeds = range(vt.TRAIN_SEED_BASE - 8, vt.TRAIN_SEED_BASE)
+    heldout = vt.collect_samples(heldout_seeds, camera, perturb=1)[: args.heldout_frames]
+
+    target = load_model()
+    draft = load_draft(target).model
+    adapter = NavAdapter(identity=target_identity(target))
+    checkpoint = work / "checkpoint.pt"
+    if not args.resume and checkpoint.exists():
+        checkpoint.unlink()
+    torch.manual_seed(0)
+    bar = tqdm(total=None, desc="training", unit="step", disable=args.quiet)
+
+    def progress(step: int, total: int, loss: float) -> None:
+        bar.total = total
+        bar.n = step
+        bar.set_postfix(loss=f"{loss:.3f}")
+        bar.refresh()
+
+    config = vt.NavTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                               draft_weight=args.draft_weight, checkpoint_every=args.checkpoint_every)
+    trained = vt.train_adapter(adapter, target, draft, target.tokenizer, samples, config, checkpoint, progress)
+    bar.close()
+    log(f"trained {trained['steps']} steps in {trained['train_s']:.0f} s, final loss {trained['final_loss']:.3f}")
+
+    navigator = Navigator(adapter, target)
+    accuracy = vt.action_accuracy(adapter, target, target.tokenizer, navigator.grammar, heldout)
+    log(f"held-out action accuracy {accuracy:.3f} over {len(heldout)} frames")
+    started = time.perf_counter()
+    episodes = vt.closed_loop(navigator, camera, args.eval_range)
+    reached = sum(e.success for e in episodes.values())
+    log(f"closed loop: reached {reached}/{len(episodes)} evaluation worlds "
+        f"({', '.join(f'{s}: {e.outcome}' for s, e in episodes.items())}) in {time.perf_counter() - started:.0f} s")
+    adapter.training_info = {**trained, "samples": len(samples), "worlds": args.worlds, "perturb": args.perturb,
+                             "action_accuracy": accuracy, "heldout_frames": len(heldout),
+                             "eval_worlds": f"{args.eval_range.start}-{args.eval_range.stop - 1}",
+                             "eval_reached": reached,
+                             "eval_outcomes": {str(s): e.outcome for s, e in episodes.items()}}
+    adapter.save(out)
+    log(f"wrote {out}")
+    return adapter.training_info
