@@ -62,7 +62,8 @@ TARGETS = {"crashes": 0, "hangs": 0, "live_requests_lost": 0, "rss_growth_mb": 5
            "messages": 10_000, "concurrent_goals": 30}
 STATUS_SUCCEEDED = 4  # action_msgs/GoalStatus
 # Launch arguments of the deployment under test: short timeouts so faults show quickly.
-NODE_ARGS = ("timeout_s:=8.0", "idle_timeout_s:=5.0", "threads:=1", "stats_period_s:=0.0")
+# max_new_tokens: what an instruction (a fuzzed one too) gets; goals set their own (MAX_NEW_TOKENS, LIVE_TOKENS)
+NODE_ARGS = ("timeout_s:=8.0", "idle_timeout_s:=5.0", "threads:=1", "stats_period_s:=0.0", "max_new_tokens:=16")
 
 
 READY = {"verifier_node": r"verifying /edge_llm/draft -> /edge_llm/verify", "draft_node": r"drafting with"}
