@@ -226,8 +226,13 @@ class NavigatorNode(ManagedNode):
         """(Under the lock, the bridge idle.) The pending decision to the bridge, if its frame is
         still fresh enough for it; a stop, an invalid answer or max_actions ends the episode."""
         frame, decision = self.pending
-        if time.monotonic() - frame[2] > self.params.max_frame_age_s:
-            return  # too old for the bridge: the decision under way replaces it
+        age = time.monotonic() - frame[2]
+        if age > self.params.max_frame_age_s:  # too old for the bridge: the decision under way replaces it
+            self.get_logger().warning(f"{self.request_id}: a decision from a {age:.2f} s old frame is past "
+                                      f"max_frame_age_s {self.params.max_frame_age_s:g} s (it took "
+                                      f"{decision.decide_s:.2f} s); dropped: if decisions take that long here, "
+                                      "raise max_frame_age_s on the navigator and the bridge")
+            return
         self.pending = None
         self.publish_decision(self.request_id, frame, decision)
         self.waiting.handed_over(time.monotonic())
