@@ -118,7 +118,7 @@ def train_nav_command(args) -> dict:
     log(f"trained {trained['steps']} steps in {trained['train_s']:.0f} s, final loss {trained['final_loss']:.3f}")
 
     navigator = Navigator(adapter, target)
-    accuracy = vt.action_accuracy(adapter, target, target.tokenizer, navigator.grammar, heldout)
+    accuracy = vt.action_accuracy(navigator, heldout)
     log(f"held-out action accuracy {accuracy:.3f} over {len(heldout)} frames")
     started = time.perf_counter()
     episodes = vt.closed_loop(navigator, camera, args.eval_range)

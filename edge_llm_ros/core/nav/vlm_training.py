@@ -201,27 +201,13 @@ def train_adapter(adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausal
 # -- evaluation ----------------------------------------------------------------------------------------
 
 
-def answer(adapter: NavAdapter, target: TorchCausalLM, tokenizer, grammar, frame: np.ndarray, instruction: str,
-           config=None, drafter=None):
-    """The constrained answer to one frame (core GenerationResult); ``drafter`` for speculative modes."""
-    from ..config import GenerationConfig
-    from ..decoding import generate_all
-
-    config = config or GenerationConfig(mode="ar", max_new_tokens=48)
-    view = adapter.condition(target, frame, "target")
-    return generate_all(view, adapter.prompt_ids(tokenizer, instruction), config, drafter, grammar=grammar)
-
-
-def action_accuracy(adapter: NavAdapter, target: TorchCausalLM, tokenizer, grammar,
-                    samples: Sequence[Sample]) -> float:
-    """The share of held-out frames whose constrained greedy action equals the expert's."""
+def action_accuracy(navigator, samples: Sequence[Sample]) -> float:
+    """The share of held-out frames whose decision (core/nav/navigator.Navigator: the constrained
+    greedy answer, as navigator_node makes it) is a valid answer with the expert's action."""
     hits = 0
     for s in samples:
-        got = answer(adapter, target, tokenizer, grammar, s.frame, s.instruction).text
-        try:
-            hits += parse(got).action == parse(s.answer).action
-        except ValueError:
-            pass
+        decision = navigator.decide(s.frame, s.instruction)
+        hits += decision.valid and decision.command.action == parse(s.answer).action
     return hits / max(len(samples), 1)
 
 
