@@ -11,10 +11,12 @@ Each decision conditions the target and the draft on the newest frame and genera
 target's answer). An answer that does not parse, a malformed frame, or an episode past
 `max_actions` becomes a stop. A valid `stop` ends the episode.
 
-`overlap` (default true): while the robot executes an action, the next one is decided from the
+`overlap` (default false): while the robot executes an action, the next one is decided from the
 newest frame, and handed over when the bridge is idle, so the robot does not stand and wait for
-the model (EE's pre-drafting; LiveVLN's overlap). False: stop-and-go (a decision starts when the
-robot is idle, from a frame taken then). Either way the episode's waiting time (the robot idle,
+the model (EE's pre-drafting; LiveVLN's overlap). Off by default: the actions are relative
+(forward 1 m, turn 30 degrees), so one decided from a frame taken mid-motion is applied from a
+pose it never saw; in the simulator that overshot the red chair and touched it, where stop-and-go
+reached it. False: stop-and-go (a decision starts when the robot is idle, from a frame taken then). Either way the episode's waiting time (the robot idle,
 waiting for a decision), decisions and time to first motion are logged when it ends and
 published latched on `~/episode` (std_msgs/String, JSON).
 """
@@ -38,7 +40,8 @@ class NavigatorParams(ManagedParams):
     draft: str = param("", "draft model folder for the speculative modes ('' = the shipped SmolLM2 draft)")
     mode: str = param("ar", "decoding mode (lossless under the grammar)", choices=("ar", "sd", "tree"))
     gamma: int = param(4, "drafted tokens per round (sd)", low=1, high=16)
-    overlap: bool = param(True, "decide the next action while the robot executes the current one (false: stop-and-go)")
+    overlap: bool = param(False, "decide the next action while the robot executes the current one (false: "
+                                 "stop-and-go; relative actions from mid-motion frames overshoot)")
     max_actions: int = param(60, "an episode stops after this many actions", low=1)
     max_frame_age_s: float = param(1.0, "decide only from a frame at most this old (else wait for one)", low=0.01)
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)

@@ -40,7 +40,7 @@ import yaml
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.core.nav.camera import Camera
 from edge_llm_ros.core.nav.world import ROBOT_RADIUS, Robot, World, WorldError
-from edge_llm_ros.core.nav.worldgen import generate
+from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.parameters import declare, param
 from edge_llm_ros.runtime.interfaces import interface_dirs
@@ -52,6 +52,8 @@ CUBE, CYLINDER, TEXT, DELETEALL = 1, 3, 9, 3  # visualization_msgs/Marker types 
 class SimParams:
     world: str = param("", "world YAML: a path, or a name in config/worlds/ (e.g. 'default'); '' = drawn from seed")
     seed: int = param(0, "the drawn world's seed (when world is '')", low=0, high=2 ** 31 - 1)
+    clear_path: bool = param(True, "drawn worlds have a straight way from the start to the target (as the "
+                                   "navigator's training and evaluation worlds, edge-llm-ros train nav)")
     rate_hz: float = param(15.0, "camera frames per second on /camera/image_raw", low=10.0, high=30.0)
     physics_hz: float = param(50.0, "/cmd_vel integration steps per second (/odom and /tf with each)", low=10.0,
                               high=200.0)
@@ -122,7 +124,7 @@ class SimNode(rt.Node):
                 return World.from_yaml(find_world(self.params.world))
             except WorldError as exc:
                 raise ValueError(f"parameter 'world': {exc}") from None
-        return generate(seed if seed >= 0 else self.params.seed)
+        return generate(seed if seed >= 0 else self.params.seed, GenerateConfig(clear_path=self.params.clear_path))
 
     def publish_world(self) -> None:
         self.get_logger().info(self.world.summary())

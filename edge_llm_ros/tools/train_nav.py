@@ -1,16 +1,18 @@
 """``edge-llm-ros train nav``: the navigation adapter (core/nav/vlm.py), taught by the simulator.
 
     edge-llm-ros train nav                                   # -> edge_llm_ros/data/nav/smollm2-nav
-    edge-llm-ros train nav --worlds 40 --epochs 1 --out /tmp/nav   # a quick run
-    edge-llm-ros train nav --resume                          # continue an interrupted run
+    edge-llm-ros train nav --worlds 40 --max-steps 50 --out /tmp/nav   # a quick run
+    edge-llm-ros train nav --resume                          # continue an interrupted LM phase
 
-Frames and the expert's answers come from ``--worlds`` seeded training worlds (seeds from 10000;
-the evaluation worlds 100-109 are never among them), cached in the work directory. SmolLM2 and
-the shipped draft stay frozen; the encoder and both projectors train (checkpointed every
-``--checkpoint-every`` steps; ``--resume`` continues). Then, on held-out frames (another 8 worlds),
-the share of constrained greedy actions equal to the expert's, and on the evaluation worlds the
-closed-loop success ("reached within 0.5 m, nothing touched"); both go into the adapter's
-config.json and the summary line.
+Frames and the camera expert's answers come from ``--worlds`` seeded clear-path training worlds
+(seeds from 10000; the evaluation worlds 100-109 are never among them), cached in the work
+directory. Two phases: the encoder alone learns what frames show (``--pretrain-steps``, seconds
+per hundred steps); then the projectors and LoRA updates of SmolLM2 and the shipped draft learn to
+write the answers, the encoder at a tenth of the rate (``--max-steps``, checkpointed every
+``--checkpoint-every`` steps; ``--resume`` continues). The LMs' own weights never change. Then, on
+held-out frames (another 8 worlds), the share of constrained greedy actions equal to the teacher's,
+and on the evaluation worlds the closed-loop success ("reached within 0.5 m, nothing touched");
+both go into the adapter's config.json and the summary line.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ EVAL_WORLDS = range(100, 110)
 def add_nav_parser(sub) -> None:
     p = sub.add_parser("nav", help="the navigator's vision adapter, trained on simulator frames",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--worlds", type=int, default=80, help="training worlds (seeds 10000..)")
+    p.add_argument("--worlds", type=int, default=600, help="training worlds (seeds 10000..)")
     p.add_argument("--perturb", type=int, default=2, help="poses pushed off the expert's path per pose")
+    p.add_argument("--pretrain-steps", type=int, default=2000, help="encoder-only steps before the LMs join")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=500, help="stop the LM phase after this many steps (0: none)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--draft-weight", type=float, default=0.5, help="weight of the draft projector's loss")
@@ -57,8 +61,8 @@ def check_nav_args(args) -> None:
     for flag in ("worlds", "epochs", "batch_size", "lr", "checkpoint_every", "heldout_frames"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    if args.perturb < 0 or args.draft_weight < 0:
-        raise ValueError("--perturb and --draft-weight must be >= 0")
+    if args.perturb < 0 or args.draft_weight < 0 or args.pretrain_steps < 0 or args.max_steps < 0:
+        raise ValueError("--perturb, --draft-weight, --pretrain-steps and --max-steps must be >= 0")
     args.eval_range = seed_range(args.eval_worlds)
 
 
@@ -72,7 +76,7 @@ def train_nav_command(args) -> dict:
     from edge_llm_ros.core.nav import vlm_training as vt
     from edge_llm_ros.core.nav.camera import Camera
     from edge_llm_ros.core.nav.navigator import Navigator
-    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, NavAdapter
+    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, AdapterConfig, NavAdapter, lora_shapes
     from edge_llm_ros.core.training import target_identity
 
     from .train import default_work_dir, log
@@ -82,7 +86,7 @@ def train_nav_command(args) -> dict:
     out = args.out or ADAPTERS_DIR / DEFAULT_ADAPTER
     work.mkdir(parents=True, exist_ok=True)
     camera = Camera()
-    samples_file = work / f"samples-w{args.worlds}-p{args.perturb}.npz"
+    samples_file = work / f"samples-camera-w{args.worlds}-p{args.perturb}.npz"
     if samples_file.is_file():
         samples = vt.load_samples(samples_file)
         log(f"{len(samples)} cached samples from {samples_file}")
@@ -98,11 +102,21 @@ def train_nav_command(args) -> dict:
 
     target = load_model()
     draft = load_draft(target).model
-    adapter = NavAdapter(identity=target_identity(target))
+    lora = {"target": lora_shapes(target), "draft": lora_shapes(draft)}
+    adapter = NavAdapter(AdapterConfig(lora=lora), identity=target_identity(target))
     checkpoint = work / "checkpoint.pt"
     if not args.resume and checkpoint.exists():
         checkpoint.unlink()
     torch.manual_seed(0)
+    pretrained: dict = {}
+    if args.pretrain_steps and not checkpoint.exists():
+        bar = tqdm(total=args.pretrain_steps, desc="encoder", unit="step", disable=args.quiet)
+        pretrained = vt.pretrain_encoder(adapter, samples, args.pretrain_steps, heldout=heldout,
+                                         progress=lambda step, total, loss: bar.update(1))
+        bar.close()
+        log(f"encoder: {args.pretrain_steps} steps in {pretrained['train_s']:.0f} s, loss "
+            f"{pretrained['final_loss']:.3f}; held-out action from the frame alone "
+            f"{pretrained['heldout_action_accuracy']:.3f}")
     bar = tqdm(total=None, desc="training", unit="step", disable=args.quiet)
 
     def progress(step: int, total: int, loss: float) -> None:
@@ -112,7 +126,8 @@ def train_nav_command(args) -> dict:
         bar.refresh()
 
     config = vt.NavTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                               draft_weight=args.draft_weight, checkpoint_every=args.checkpoint_every)
+                               draft_weight=args.draft_weight, max_steps=args.max_steps,
+                               checkpoint_every=args.checkpoint_every)
     trained = vt.train_adapter(adapter, target, draft, target.tokenizer, samples, config, checkpoint, progress)
     bar.close()
     log(f"trained {trained['steps']} steps in {trained['train_s']:.0f} s, final loss {trained['final_loss']:.3f}")
@@ -125,7 +140,7 @@ def train_nav_command(args) -> dict:
     reached = sum(e.success for e in episodes.values())
     log(f"closed loop: reached {reached}/{len(episodes)} evaluation worlds "
         f"({', '.join(f'{s}: {e.outcome}' for s, e in episodes.items())}) in {time.perf_counter() - started:.0f} s")
-    adapter.training_info = {**trained, "samples": len(samples), "worlds": args.worlds, "perturb": args.perturb,
+    adapter.training_info = {**trained, "encoder_pretraining": pretrained, "samples": len(samples), "worlds": args.worlds, "perturb": args.perturb,
                              "action_accuracy": accuracy, "heldout_frames": len(heldout),
                              "eval_worlds": f"{args.eval_range.start}-{args.eval_range.stop - 1}",
                              "eval_reached": reached,

@@ -12,7 +12,7 @@ from edge_llm_ros.core.nav.actions import ANSWER
 from edge_llm_ros.core.nav.camera import Camera
 from edge_llm_ros.core.nav.frames import FrameError, from_compressed, from_raw
 from edge_llm_ros.core.nav.navigator import Navigator, Waiting
-from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter
+from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
 from edge_llm_ros.core.nav.world import Pose
 from edge_llm_ros.core.nav.worldgen import generate
 
@@ -104,32 +104,92 @@ def test_waiting_counts_only_the_time_the_robot_stood_idle():
 
 
 def test_adapter_training_lowers_the_loss_checkpoints_and_resumes(vlm, tmp_path):
-    """vlm_training on the tiny VLM: a few steps on simulator samples lower the answer loss; the
-    checkpoint resumes where it stopped; the adapter saves and loads back (identity checked)."""
+    """vlm_training on the tiny VLM with LoRA on both LMs: a few steps on simulator samples lower
+    the answer loss and leave the LMs' own weights alone; the checkpoint resumes where it stopped;
+    the adapter saves and loads back (identity checked)."""
     import torch
 
     from edge_llm_ros.core.nav import vlm_training as vt
 
     adapter, target, draft = vlm
-    fresh = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32}))
-    samples = vt.collect_samples([vt.TRAIN_SEED_BASE], Camera(), perturb=0)[:16]
-    batch = vt.make_batch(fresh, target.tokenizer, samples)
+    config_ = AdapterConfig(hidden={"target": 32, "draft": 32},
+                            lora={"target": lora_shapes(target), "draft": lora_shapes(draft)})
+    fresh = NavAdapter(config_)
+    own = {k: v.clone() for k, v in target.hf.state_dict().items()}
+    samples = vt.collect_samples([vt.TRAIN_SEED_BASE], Camera(), perturb=2)[:16]
+    assert len(samples) == 16
+    batch = vt.make_batch(fresh, target.tokenizer, samples, action_weight=3.0)
     with torch.no_grad():
-        before = float(vt.answer_loss(target, fresh, batch, "target"))
+        before = float(vt.answer_loss(fresh.attach(target, "target", trainable=True), fresh, batch, "target"))
     config = vt.NavTrainConfig(epochs=3, batch_size=8, lr=1e-2, checkpoint_every=1)
     checkpoint = tmp_path / "checkpoint.pt"
     first = vt.train_adapter(fresh, target, draft, target.tokenizer, samples, config, checkpoint)
     with torch.no_grad():
-        after = float(vt.answer_loss(target, fresh, batch, "target"))
+        after = float(vt.answer_loss(fresh.attach(target, "target", trainable=True), fresh, batch, "target"))
     assert first["steps"] == 6 and after < before
-    resumed = vt.train_adapter(NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32})), target, draft,
-                               target.tokenizer, samples, config, checkpoint)
+    assert all(float(low.b.abs().max()) > 0 for low in fresh.lora["target"].values())  # LoRA learned
+    assert all(torch.equal(v, own[k]) for k, v in target.hf.state_dict().items())  # the LM did not change
+    resumed = vt.train_adapter(NavAdapter(config_), target, draft, target.tokenizer, samples, config, checkpoint)
     assert resumed["steps"] == 6 and resumed["final_loss"] == first["final_loss"]  # nothing left to do
     fresh.identity = {"vocab_size": target.vocab_size}
     loaded = NavAdapter.load(fresh.save(tmp_path / "adapter"))
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), fresh.state_dict().values()))
     with pytest.raises(FileNotFoundError, match="train one with: edge-llm-ros train nav"):
         NavAdapter.load(tmp_path / "missing")
+
+
+def test_lora_merges_into_a_copy_that_matches_training_and_keeps_speculation_exact(vlm, frames):
+    """attach: the merged copy computes what the training parametrization computes, shares every
+    weight but the adapted ones, leaves the LM alone; and sd/tree still give the AR answer."""
+    import torch
+
+    _, target, draft = vlm
+    adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32},
+                                       lora={"target": lora_shapes(target), "draft": lora_shapes(draft)})).eval()
+    torch.manual_seed(1)
+    for lows in adapter.lora.values():
+        for low in lows.values():
+            torch.nn.init.normal_(low.b, std=0.2)
+    merged, trained = adapter.attach(target, "target"), adapter.attach(target, "target", trainable=True)
+    ids, positions = torch.tensor([1, 2, 3, 4, 5, 6]), torch.arange(6)
+    plain = target(ids, positions, None, target.new_cache(8))
+    with torch.no_grad():
+        got = merged(ids, positions, None, merged.new_cache(8))
+        want = trained(ids, positions, None, trained.new_cache(8))
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, plain, atol=1e-3)
+    layer, base = merged.hf.model.layers[0], target.hf.model.layers[0]
+    assert layer.mlp.up_proj.weight is base.mlp.up_proj.weight and merged.embed_tokens.weight is target.embed_tokens.weight
+    assert layer.self_attn.q_proj.weight is not base.self_attn.q_proj.weight
+    assert torch.equal(target(ids, positions, None, target.new_cache(8)), plain)  # the LM itself unchanged
+    answers = {}
+    for mode in ("ar", "sd", "tree"):
+        config = GenerationConfig(mode=mode, max_new_tokens=64, gamma=3, tree_depth=3, tree_width=6)
+        navigator = Navigator(adapter, target, draft if mode != "ar" else None, config)
+        answers[mode] = [navigator.decide(frame, "go to the red chair").text for frame in frames]
+    assert answers["sd"] == answers["ar"] and answers["tree"] == answers["ar"]
+
+
+def test_the_encoder_pretrains_on_what_frames_show_and_the_action_line_weighs_more(vlm):
+    """pretrain_encoder lowers its loss on simulator frames (labels for every target kind); a
+    batch weighs the action line's tokens by action_weight, the reason's by 1, the prompt's by 0."""
+    from edge_llm_ros.core.nav import vlm_training as vt
+
+    adapter, target, _ = vlm
+    samples = vt.collect_samples([vt.TRAIN_SEED_BASE + 1], Camera(), perturb=1)[:32]
+    assert all(s.labels.shape == (len(vt.TRAIN_TARGETS), 3) for s in samples)
+    fresh = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32}))
+    short = vt.pretrain_encoder(fresh, samples, steps=2, batch_size=16, seed=3)
+    longer = vt.pretrain_encoder(NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32})), samples, steps=60,
+                                 batch_size=16, seed=3, heldout=samples)
+    assert longer["final_loss"] < short["final_loss"] and 0.0 <= longer["heldout_action_accuracy"] <= 1.0
+    batch = vt.make_batch(adapter, target.tokenizer, samples[:1], action_weight=3.0)
+    tokens, first = vt.answer_tokens(target.tokenizer, samples[0].answer)
+    weights = batch.weights[0].tolist()
+    prompt = len(adapter.prompt_ids(target.tokenizer, samples[0].instruction))
+    assert weights[:prompt - 1] == [0.0] * (prompt - 1)
+    assert weights[prompt - 1:prompt - 1 + first] == [1.0] * first
+    assert set(weights[prompt - 1 + first:prompt + len(tokens)]) == {3.0}  # the action line and EOS
+    assert target.tokenizer.decode(tokens[first:]).startswith("action: ")
 
 
 def test_train_nav_refuses_bad_options_before_loading_anything():

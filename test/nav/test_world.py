@@ -10,7 +10,7 @@ import yaml
 
 from edge_llm_ros.core.nav import NavCommand
 from edge_llm_ros.core.nav.world import ROBOT_RADIUS, Pose, Robot, World, WorldError, body_gap, reached
-from edge_llm_ros.core.nav.worldgen import LOOKALIKES, GenerateConfig, generate, reachable
+from edge_llm_ros.core.nav.worldgen import LOOKALIKES, GenerateConfig, generate, reachable, straight_path
 
 DEFAULT = Path(__file__).resolve().parents[2] / "config" / "worlds" / "default.yaml"
 
@@ -143,6 +143,14 @@ def test_generated_worlds_start_out_of_view_far_and_reachable_among_lookalikes(t
         names = [o.name for o in world.objects]
         assert len(set(names)) == len(names) and any(n in LOOKALIKES[target] for n in names)
         assert world.name == f"seed {seed}"
+
+
+def test_clear_path_worlds_have_a_straight_way_to_the_target_from_the_start():
+    config = GenerateConfig(clear_path=True)
+    for seed in range(100, 110):
+        world = generate(seed, config)
+        assert straight_path(world, world.start, world.target_object), seed
+    assert sum(not straight_path(w, w.start, w.target_object) for w in map(generate, range(20))) > 0
 
 
 def test_generate_refuses_an_unknown_target():

@@ -226,10 +226,10 @@ def test_the_world_markers_and_tf_are_published(sim):
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_a_reset_to_a_seed_draws_that_world(sim):
     from edge_llm_ros.core.nav.world import World
-    from edge_llm_ros.core.nav.worldgen import generate
+    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
 
     proc, probe = sim
-    drawn = generate(7)
+    drawn = generate(7, GenerateConfig(clear_path=True))  # the default: clear_path true
     probe.reset(7, drawn.start)
     probe.wait(lambda: probe.worlds and "seed 7" in probe.worlds[-1][1].data, 30, "the world of seed 7")
     assert World.from_dict(yaml.safe_load(probe.worlds[-1][1].data)) == drawn

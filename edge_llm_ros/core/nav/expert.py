@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .actions import MAGNITUDES, Magnitudes, NavCommand, clean_reason
-from .world import ROBOT_RADIUS, Pose, Robot, World, body_gap, reached, wrap
+from .world import ROBOT_RADIUS, Pose, Robot, World, WorldObject, body_gap, reached, wrap
 from .worldgen import Grid
 
+WHERE = ("not in view", "ahead", "ahead left", "ahead right", "left", "right")
 NEIGHBOURS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
 
 
@@ -47,6 +48,7 @@ class ExpertConfig:
     lookahead_m: float = 1.5
     resolution_m: float = 0.1
     hfov_deg: float = 90.0  # the camera's: what "in view" means in a reason
+    ahead_deg: float = 10.0  # "ahead" in a reason; the camera expert heads straight within it
 
 
 # -- plan ---------------------------------------------------------------------------------------------
@@ -105,13 +107,6 @@ def path_cells(costs: CostMap, pose: Pose, max_cells: int) -> list[tuple[int, in
     return cells
 
 
-def clear_line(world: World, a: tuple[float, float], b: tuple[float, float], clearance: float) -> bool:
-    """Whether the robot's centre can go straight from a to b keeping ``clearance`` from everything."""
-    n = max(2, math.ceil(math.hypot(b[0] - a[0], b[1] - a[1]) / 0.05) + 1)
-    points = np.linspace(a, b, n)
-    return bool((world.clearance(points) >= clearance).all())
-
-
 def safe_clearance(world: World, pose: Pose, config: ExpertConfig) -> float:
     """What a straight motion from ``pose`` must keep: half the margin beyond the robot's radius, or,
     where the robot is already nearer than that to something, no nearer than it is (never touching)."""
@@ -128,7 +123,7 @@ def direct_goal(world: World, pose: Pose, target: str, config: ExpertConfig) -> 
         return None
     k = 1 - stop_at / distance
     point = (pose.x + k * (t.position[0] - pose.x), pose.y + k * (t.position[1] - pose.y))
-    return point if clear_line(world, (pose.x, pose.y), point, safe_clearance(world, pose, config)) else None
+    return point if world.clear_line((pose.x, pose.y), point, safe_clearance(world, pose, config)) else None
 
 
 def waypoint(world: World, pose: Pose, costs: CostMap, config: ExpertConfig) -> tuple[float, float] | None:
@@ -141,7 +136,7 @@ def waypoint(world: World, pose: Pose, costs: CostMap, config: ExpertConfig) -> 
     points = [(float(xs[rc]), float(ys[rc])) for rc in cells]
     here, clearance = (pose.x, pose.y), safe_clearance(world, pose, config)
     for point in reversed(points):
-        if pose.distance_to(*point) <= config.lookahead_m and clear_line(world, here, point, clearance):
+        if pose.distance_to(*point) <= config.lookahead_m and world.clear_line(here, point, clearance):
             return point
     return points[min(1, len(points) - 1)]
 
@@ -165,7 +160,7 @@ def forward_magnitude(world: World, pose: Pose, limit: float, config: ExpertConf
         if metres > max(limit, small):
             continue
         end = (pose.x + metres * math.cos(pose.yaw), pose.y + metres * math.sin(pose.yaw))
-        if clear_line(world, (pose.x, pose.y), end, clearance):
+        if world.clear_line((pose.x, pose.y), end, clearance):
             return m
     return ""
 
@@ -209,7 +204,7 @@ def choose(world: World, pose: Pose, target: str, config: ExpertConfig) -> tuple
             return turn.verb, turn.magnitude, f"turning {'left' if bearing > 0 else 'right'}"
         back = config.magnitudes.forward_m[MAGNITUDES[0]]
         behind = (pose.x - back * math.cos(pose.yaw), pose.y - back * math.sin(pose.yaw))
-        if clear_line(world, (pose.x, pose.y), behind, safe_clearance(world, pose, config)):
+        if world.clear_line((pose.x, pose.y), behind, safe_clearance(world, pose, config)):
             return "backward", MAGNITUDES[0], "blocked ahead, backing off"
         return "turn_left", "large", "blocked, turning"
     _, angle, turn = best
@@ -218,18 +213,30 @@ def choose(world: World, pose: Pose, target: str, config: ExpertConfig) -> tuple
     return "forward", forward_magnitude(world, pose, pose.distance_to(*goal), config), "path clear"
 
 
+def in_view(world: World, pose: Pose, obj: WorldObject, hfov_deg: float) -> bool:
+    """Whether the camera shows ``obj``: its centre inside the field of view, no wall between."""
+    return (abs(math.degrees(pose.bearing_to(*obj.position))) <= hfov_deg / 2
+            and world.line_of_sight((pose.x, pose.y), obj.position))
+
+
+def where_seen(world: World, pose: Pose, obj: WorldObject, config: ExpertConfig) -> str:
+    """Where the camera shows ``obj``: one of WHERE ('not in view', 'ahead', 'ahead left', ...)."""
+    if not in_view(world, pose, obj, config.hfov_deg):
+        return WHERE[0]
+    bearing = math.degrees(pose.bearing_to(*obj.position))
+    side = "left" if bearing > 0 else "right"
+    return "ahead" if abs(bearing) < config.ahead_deg else f"ahead {side}" if abs(bearing) < 30 else side
+
+
 def describe(world: World, pose: Pose, target: str, why: str, config: ExpertConfig) -> str:
     """'red chair ahead left, 2 m, turning left': where the target is as the camera sees it (or not
     in view), how far, and why the action."""
     t = world.object(target)
-    bearing = math.degrees(pose.bearing_to(*t.position))
+    where = where_seen(world, pose, t, config)
+    if where == WHERE[0]:
+        return clean_reason(f"{t.name} {where}, {why}")
     gap = body_gap(pose, t)
     distance = f"{round(gap)} m" if gap >= 1.0 else "under 1 m"
-    in_view = abs(bearing) <= config.hfov_deg / 2 and world.line_of_sight((pose.x, pose.y), t.position)
-    if not in_view:
-        return clean_reason(f"{t.name} not in view, {why}")
-    side = "left" if bearing > 0 else "right"
-    where = "ahead" if abs(bearing) < 10 else f"ahead {side}" if abs(bearing) < 30 else side
     return clean_reason(f"{t.name} {where}, {distance}, {why}")
 
 
@@ -237,6 +244,31 @@ def expert(world: World, pose: Pose, target: str | None = None, config: ExpertCo
     """The expert's action and reason at ``pose`` for going to ``target`` (default: the world's)."""
     target = target or world.target
     verb, magnitude, why = choose(world, pose, target, config)
+    return NavCommand(verb, magnitude, describe(world, pose, target, why, config))
+
+
+def camera_expert(world: World, pose: Pose, target: str | None = None,
+                  config: ExpertConfig = ExpertConfig()) -> NavCommand:
+    """The teacher a camera-only policy can learn from: every action follows from what the frame
+    shows. Not in view: turn left (medium: 30 degrees, a third of the view, so the target crosses the middle of some frame) to search. In view: turn toward it until it is within
+    `ahead_deg` of the heading, then forward by a magnitude that fits its distance (and a clear
+    sweep). Reached: face it, then stop. Only when something blocks the way forward does it fall
+    back on the map-based expert's choice (`choose`)."""
+    target = target or world.target
+    t = world.object(target)
+    if reached(pose, t) or not in_view(world, pose, t, config.hfov_deg):
+        verb, magnitude, why = choose(world, pose, target, config) if reached(pose, t) else (
+            "turn_left", "medium", "searching left")
+        return NavCommand(verb, magnitude, describe(world, pose, target, why, config))
+    bearing = pose.bearing_to(*t.position)
+    if abs(math.degrees(bearing)) >= config.ahead_deg:
+        turn = nearest_turn(bearing, config.magnitudes)
+        why = f"turning {'left' if bearing > 0 else 'right'}"
+        return NavCommand(turn.verb, turn.magnitude, describe(world, pose, target, why, config))
+    verb, magnitude, why = "forward", forward_magnitude(world, pose, body_gap(pose, t) - config.goal_m, config), \
+        "path clear"
+    if not magnitude:
+        verb, magnitude, why = choose(world, pose, target, config)
     return NavCommand(verb, magnitude, describe(world, pose, target, why, config))
 
 

@@ -53,7 +53,9 @@ class Navigator:
 
     def __init__(self, adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausalLM | None = None,
                  config: GenerationConfig | None = None, magnitudes: Magnitudes | None = None) -> None:
-        self.adapter, self.target, self.draft = adapter, target, draft
+        self.adapter = adapter
+        self.target = adapter.attach(target, "target")  # with the adapter's LoRA merged, if it has one
+        self.draft = None if draft is None else adapter.attach(draft, "draft")
         self.config = config or GenerationConfig(mode="ar", max_new_tokens=MAX_ANSWER_TOKENS)
         if self.config.mode != "ar" and draft is None:
             raise ValueError(f"mode {self.config.mode!r} needs a draft model")

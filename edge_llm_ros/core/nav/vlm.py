@@ -8,10 +8,17 @@ reserved token ids in the prompt (special tokens a chat never uses; SmolLM2: ids
 :meth:`TorchCausalLM.with_embeddings`, so the image enters the engine like token embeddings and
 every decoding mode, lossless ones included, works with images unchanged.
 
-    adapter = NavAdapter.load(path)                         # encoder + projectors + prompt format
+Each language model may also carry a low-rank update of some of its weights (LoRA: W + (alpha /
+rank) B A on the attention's q and v projections), trained with the adapter so the LM learns to
+read the image rows. :meth:`NavAdapter.attach` merges it into a copy of those weights (every other
+weight stays shared), so the VLM's target is "SmolLM2 + this adapter", decoded by the engine like
+any model, and lossless modes stay lossless for it.
+
+    adapter = NavAdapter.load(path)                         # encoder + projectors + LoRA + prompt format
+    vlm_target = adapter.attach(target, "target")           # merged LoRA, weights otherwise shared
     ids = adapter.prompt_ids(tokenizer, "go to the red chair")
-    target_view = adapter.condition(target, frame, "target")  # a TorchCausalLM view
-    draft_view = adapter.condition(draft_model, frame, "draft")
+    target_view = adapter.condition(vlm_target, frame, "target")  # a TorchCausalLM view
+    draft_view = adapter.condition(adapter.attach(draft_model, "draft"), frame, "draft")
 
 On disk, a directory: ``config.json`` (format, image size, token count, reserved ids, the
 target's identity, training metadata) and ``adapter.safetensors``. Knows nothing about ROS.
@@ -19,6 +26,7 @@ target's identity, training metadata) and ``adapter.safetensors``. Knows nothing
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -42,11 +50,15 @@ class AdapterConfig:
     """The image format and the prompt's image slots. ``height`` x ``width``: what the encoder
     sees (frames are resized to it); ``reserved_ids``: one token id per image row."""
 
-    height: int = 48
-    width: int = 64
+    height: int = 96
+    width: int = 128
     channels: int = 64
     reserved_ids: tuple[int, ...] = tuple(range(3, 11))
     hidden: dict[str, int] = field(default_factory=lambda: {"target": 576, "draft": 576})
+    # per model, the adapted linear layers and their [out, in] shapes ({}: no LoRA; see lora_shapes)
+    lora: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
 
     @property
     def tokens(self) -> int:
@@ -58,23 +70,54 @@ class AdapterConfig:
 
 
 class VisionEncoder(nn.Module):
-    """[B, 3, H, W] in [0, 1] -> [B, 8, C]: four strided convolutions down to a 2 x 4 grid (the
-    columns keep the bearing of what is seen), one row per cell, plus a learned position per cell."""
+    """[B, 3, H, W] in [0, 1] -> [B, 8, C]: four convolutions (three strided) pooled to a 2 x 4 grid (the
+    columns keep the bearing of what is seen), one row per cell, plus a learned position per cell.
+    Two coordinate planes (column and row, -1..1) join the colour planes, so features can say where
+    in a cell something is: "ahead" is a 10-degree band, a cell is 22."""
 
     def __init__(self, channels: int = 64) -> None:
         super().__init__()
         c = channels
         self.convs = nn.Sequential(
-            nn.Conv2d(3, c // 2, 5, stride=2, padding=2), nn.GELU(),       # [B, C/2, H/2, W/2]
+            nn.Conv2d(5, c // 2, 5, stride=2, padding=2), nn.GELU(),       # [B, C/2, H/2, W/2]
             nn.Conv2d(c // 2, c, 3, stride=2, padding=1), nn.GELU(),       # [B, C, H/4, W/4]
             nn.Conv2d(c, c, 3, stride=2, padding=1), nn.GELU(),            # [B, C, H/8, W/8]
+            nn.Conv2d(c, c, 3, stride=1, padding=1), nn.GELU(),            # [B, C, H/8, W/8]
             nn.AdaptiveAvgPool2d((2, 4)),                                  # [B, C, 2, 4]
         )
         self.position = nn.Parameter(torch.zeros(8, c))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        grid = self.convs(images)  # [B, C, 2, 4]
+        b, _, h, w = images.shape
+        ys = torch.linspace(-1, 1, h, dtype=images.dtype).view(1, 1, h, 1).expand(b, 1, h, w)
+        xs = torch.linspace(-1, 1, w, dtype=images.dtype).view(1, 1, 1, w).expand(b, 1, h, w)
+        grid = self.convs(torch.cat([images, xs, ys], dim=1))  # [B, C, 2, 4]
         return grid.flatten(2).transpose(1, 2) + self.position  # [B, 8, C]
+
+
+class LowRank(nn.Module):
+    """A LoRA update of one linear layer's weight: W -> W + (alpha / rank) B A, B starting at zero
+    (so training starts from the unchanged LM). Also a parametrization (torch.nn.utils.parametrize)
+    for training through the LM's own modules."""
+
+    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(rank, in_features) / in_features ** 0.5)
+        self.b = nn.Parameter(torch.zeros(out_features, rank))
+        self.scale = alpha / rank
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight + (self.scale * self.b @ self.a).to(weight.dtype)
+
+
+def lora_shapes(lm: TorchCausalLM, names: tuple[str, ...] = ("q_proj", "v_proj")) -> dict[str, list[int]]:
+    """{module path: [out, in]} of the ``names`` linear layers of every decoder layer of ``lm``."""
+    return {path: list(module.weight.shape) for path, module in lm.hf.named_modules()
+            if path.rsplit(".", 1)[-1] in names and isinstance(module, nn.Linear)}
+
+
+def _key(path: str) -> str:
+    return path.replace(".", "/")  # module names may not hold dots
 
 
 class NavAdapter(nn.Module):
@@ -90,6 +133,11 @@ class NavAdapter(nn.Module):
         self.projectors = nn.ModuleDict({
             name: nn.Sequential(nn.Linear(self.config.channels, width), nn.GELU(), nn.Linear(width, width))
             for name, width in self.config.hidden.items()
+        })
+        c = self.config
+        self.lora = nn.ModuleDict({
+            name: nn.ModuleDict({_key(path): LowRank(*shape, c.lora_rank, c.lora_alpha) for path, shape in layers.items()})
+            for name, layers in c.lora.items() if layers
         })
 
     # -- frames and prompts -----------------------------------------------------------------------
@@ -109,6 +157,31 @@ class NavAdapter(nn.Module):
         the frozen target over every prompt token."""
         encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         return encode(CAMERA) + list(self.config.reserved_ids) + encode(f"\nInstruction: {instruction.strip()}\n")
+
+    # -- the language models --------------------------------------------------------------------
+
+    def attach(self, lm: TorchCausalLM, model: str, trainable: bool = False) -> TorchCausalLM:
+        """``lm`` as this adapter's ``model`` ("target" or "draft"): ``lm`` itself without LoRA;
+        else a model over a copy of its module tree that shares every weight except the adapted
+        ones, which hold W + BA merged (``trainable``: computed from the live LoRA parameters on
+        every use, for training). ``lm`` itself is never changed."""
+        updates = self.lora[model] if model in self.lora else {}
+        if not updates:
+            return lm
+        from torch.nn.utils import parametrize
+
+        shared = {id(t): t for t in [*lm.hf.parameters(), *lm.hf.buffers()]}
+        clone = copy.deepcopy(lm.hf, shared)
+        for key, low in updates.items():
+            linear = clone.get_submodule(key.replace("/", "."))
+            if trainable:
+                parametrize.register_parametrization(linear, "weight", low)
+            else:
+                with torch.no_grad():
+                    linear.weight = nn.Parameter(low(linear.weight.detach()), requires_grad=False)
+        view = TorchCausalLM(clone, lm.tokenizer, lm.layer_ids, transposed_head=lm._head_copy is not None)
+        view._head_copy = lm._head_copy  # the head is shared, so is its transposed copy
+        return view
 
     # -- image rows -------------------------------------------------------------------------------
 
@@ -150,7 +223,8 @@ class NavAdapter(nn.Module):
         if raw.get("format") != ADAPTER_FORMAT:
             raise ValueError(f"{path}: format {raw.get('format')!r}, expected {ADAPTER_FORMAT!r}")
         config = AdapterConfig(raw["height"], raw["width"], raw["channels"], tuple(raw["reserved_ids"]),
-                               dict(raw["hidden"]))
+                               dict(raw["hidden"]), dict(raw.get("lora", {})), int(raw.get("lora_rank", 8)),
+                               float(raw.get("lora_alpha", 16.0)))
         adapter = cls(config, raw.get("target", {}), raw.get("training", {}))
         if target is not None:
             check_identity(adapter.identity, target, folder)

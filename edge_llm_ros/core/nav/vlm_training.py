@@ -1,16 +1,20 @@
 """Training the navigation adapter (core/nav/vlm.py) on the simulator, its teacher.
 
-    collect_samples (seeded worlds, expert rollouts + perturbed poses, cached) -> train_adapter
-    (the language models frozen; encoder + projectors learn, checkpointed, resumable) -> evaluate
-    (held-out frames: the constrained greedy answer's action against the expert's)
+    collect_samples (seeded worlds, the camera expert's rollouts + perturbed poses, cached)
+      -> pretrain_encoder (the CNN alone learns what each frame shows: per target kind, the
+         teacher's action, where the object is and how far; milliseconds a step)
+      -> train_adapter (projectors + LoRA on both LMs learn to write the teacher's answer, the
+         encoder slower; checkpointed, resumable)
+      -> evaluate (held-out frames: the constrained greedy answer's action against the teacher's;
+         evaluation worlds: closed loop)
 
-The simulator knows where everything is, so its expert (core/nav/expert.py) gives each frame's
-action and a short reason. Frames come from the expert's own rollouts in the training worlds
-and from poses pushed off them (a random turn and shift, DAgger-style, so the learned policy
-has seen how to recover). The target (SmolLM2) and the draft stay frozen: only the encoder and
-the two projectors train, by cross-entropy on the answer's tokens under teacher forcing; the
-draft's projector learns the same answers, so it drafts what the target will say.
-Knows nothing about ROS.
+The teacher is core/nav/expert.camera_expert: every action follows from what the frame shows
+(search left while the target is out of view, turn toward it, head for it), in worlds where that
+gets there (worldgen's ``clear_path``). Frames come from its rollouts in the training worlds and
+from poses pushed off them (a random turn and shift, DAgger-style, so the learned policy has seen
+how to recover). The answers are learned by cross-entropy under teacher forcing, the action line's
+tokens weighted up; the draft's projector and LoRA learn the same answers, so it drafts what the
+target will say. Knows nothing about ROS.
 """
 
 from __future__ import annotations
@@ -20,30 +24,36 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..models import TorchCausalLM
-from .actions import parse
+from .actions import ACTION_PREFIX, MAGNITUDES, VERBS, parse
 from .camera import Camera
-from .expert import expert, rollout
+from .expert import WHERE, ExpertConfig, camera_expert, rollout, where_seen
 from .vlm import NavAdapter
-from .world import Pose, World
+from .world import Pose, World, body_gap
 from .worldgen import GenerateConfig, generate
 
 TRAIN_TARGETS = ("red chair", "silver bottle", "blue chair", "yellow cone")
 EVAL_SEEDS = range(100, 110)  # the evaluation worlds (bench --seeds 100-109): never trained on
 TRAIN_SEED_BASE = 10_000
+ACTIONS = tuple(f"{v} {m}" for v in VERBS if v != "stop" for m in MAGNITUDES) + ("stop",)
+DISTANCES = 9  # "under 1 m", "1 m" .. "8 m"
 
 
 @dataclass
 class Sample:
     frame: np.ndarray  # [H, W, 3] uint8
     instruction: str
-    answer: str  # the expert's answer text (reason, then action)
+    answer: str  # the teacher's answer text (reason, then action)
+    # [len(TRAIN_TARGETS), 3] per target kind: the teacher's action (ACTIONS index), where it is seen
+    # (WHERE index), its distance (0: under 1 m .. 8), for the encoder's pretraining
+    labels: np.ndarray = field(default_factory=lambda: np.zeros((len(TRAIN_TARGETS), 3), dtype=np.int64))
 
 
 def instruction_for(target: str) -> str:
@@ -51,20 +61,35 @@ def instruction_for(target: str) -> str:
 
 
 def world_for(seed: int, target: str) -> World:
-    return generate(seed, GenerateConfig(target=target))
+    return generate(seed, GenerateConfig(target=target, clear_path=True))
+
+
+def frame_labels(world: World, pose: Pose, config: ExpertConfig = ExpertConfig()) -> np.ndarray:
+    """[len(TRAIN_TARGETS), 3] what the frame at ``pose`` shows of each target kind (see Sample);
+    a kind absent from the world is out of view, and the teacher searches for it."""
+    names = {o.name for o in world.objects}
+    labels = np.zeros((len(TRAIN_TARGETS), 3), dtype=np.int64)
+    for k, name in enumerate(TRAIN_TARGETS):
+        if name not in names:
+            labels[k] = (ACTIONS.index("turn_left medium"), 0, 0)
+            continue
+        obj = world.object(name)
+        labels[k] = (ACTIONS.index(camera_expert(world, pose, name, config).action),
+                     WHERE.index(where_seen(world, pose, obj, config)), min(max(round(body_gap(pose, obj)), 0), 8))
+    return labels
 
 
 def collect_samples(seeds: Sequence[int], camera: Camera, perturb: int = 2, rng_seed: int = 0,
                     progress: Callable[[int], None] | None = None) -> list[Sample]:
-    """The expert's frames in each seed's world (its target cycling through TRAIN_TARGETS): every
-    pose of its rollout, and ``perturb`` poses pushed off each (turned up to 60 degrees, shifted up
-    to 0.4 m, where the robot fits)."""
+    """The camera expert's frames in each seed's world (its target cycling through TRAIN_TARGETS):
+    every pose of its rollout, and ``perturb`` poses pushed off each (turned up to 60 degrees,
+    shifted up to 0.4 m, where the robot fits)."""
     rng = random.Random(rng_seed)
     samples = []
     for n, seed in enumerate(seeds):
         target = TRAIN_TARGETS[seed % len(TRAIN_TARGETS)]
         world = world_for(seed, target)
-        poses = [pose for pose, _ in rollout(world).steps]
+        poses = [pose for pose, _ in rollout(world, camera_expert).steps]
         for pose in list(poses):
             for _ in range(perturb):
                 moved = Pose(pose.x + rng.uniform(-0.4, 0.4), pose.y + rng.uniform(-0.4, 0.4),
@@ -72,7 +97,8 @@ def collect_samples(seeds: Sequence[int], camera: Camera, perturb: int = 2, rng_
                 if not world.touching(moved.x, moved.y):
                     poses.append(moved)
         for pose in poses:
-            samples.append(Sample(camera.render(world, pose), instruction_for(target), expert(world, pose).text()))
+            samples.append(Sample(camera.render(world, pose), instruction_for(target),
+                                  camera_expert(world, pose).text(), frame_labels(world, pose)))
         if progress is not None:
             progress(n + 1)
     return samples
@@ -81,12 +107,75 @@ def collect_samples(seeds: Sequence[int], camera: Camera, perturb: int = 2, rng_
 def save_samples(samples: Sequence[Sample], path: Path) -> None:
     np.savez_compressed(path, frames=np.stack([s.frame for s in samples]),
                         instructions=np.array([s.instruction for s in samples]),
-                        answers=np.array([s.answer for s in samples]))
+                        answers=np.array([s.answer for s in samples]), labels=np.stack([s.labels for s in samples]))
 
 
 def load_samples(path: Path) -> list[Sample]:
     data = np.load(path)
-    return [Sample(f, str(i), str(a)) for f, i, a in zip(data["frames"], data["instructions"], data["answers"])]
+    return [Sample(f, str(i), str(a), lab) for f, i, a, lab in zip(data["frames"], data["instructions"],
+                                                                   data["answers"], data["labels"])]
+
+
+# -- the encoder alone ---------------------------------------------------------------------------------
+
+
+class SightHead(nn.Module):
+    """Pretraining head on the encoder's 8 rows: per target kind, logits for the teacher's action,
+    where it is seen and how far (discarded after pretraining)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.sizes = (len(ACTIONS), len(WHERE), DISTANCES)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(8 * channels, 256), nn.GELU(),
+                                 nn.Linear(256, len(TRAIN_TARGETS) * sum(self.sizes)))
+
+    def loss(self, rows: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the summed cross-entropy, [B, targets] whether the action is right) for labels [B, T, 3]."""
+        logits = self.net(rows).view(len(rows), len(TRAIN_TARGETS), sum(self.sizes))
+        total, start = 0.0, 0
+        for j, size in enumerate(self.sizes):
+            part = logits[..., start:start + size]
+            total = total + nn.functional.cross_entropy(part.reshape(-1, size), labels[..., j].reshape(-1))
+            if j == 0:
+                right = part.argmax(-1) == labels[..., 0]
+            start += size
+        return total, right
+
+
+def pretrain_encoder(adapter: NavAdapter, samples: Sequence[Sample], steps: int, batch_size: int = 64,
+                     lr: float = 2e-3, seed: int = 0, heldout: Sequence[Sample] = (),
+                     progress: Callable[[int, int, float], None] | None = None) -> dict:
+    """Train the encoder (with a SightHead) to tell, from the frame alone, each target kind's
+    teacher action, bearing class and distance. Returns the final loss and, on ``heldout``, the
+    share of target kinds whose action the head gets right."""
+    head = SightHead(adapter.config.channels)
+    params = [*adapter.encoder.parameters(), *head.parameters()]
+    optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    images = adapter.preprocess([s.frame for s in samples])
+    labels = torch.from_numpy(np.stack([s.labels for s in samples]))
+    generator = torch.Generator().manual_seed(seed)
+    started, losses = time.perf_counter(), []
+    adapter.train()
+    for step in range(steps):
+        for group in optim.param_groups:
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        pick = torch.randint(len(samples), (batch_size,), generator=generator)
+        loss, _ = head.loss(adapter.encoder(images[pick]), labels[pick])
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        losses.append(loss.item())
+        if progress is not None:
+            progress(step + 1, steps, losses[-1])
+    adapter.eval()
+    result = {"steps": steps, "final_loss": float(np.mean(losses[-20:])), "train_s": time.perf_counter() - started}
+    if heldout:
+        with torch.no_grad():
+            _, right = head.loss(adapter.encoder(adapter.preprocess([s.frame for s in heldout])),
+                                 torch.from_numpy(np.stack([s.labels for s in heldout])))
+        instructed = torch.tensor([TRAIN_TARGETS.index(s.instruction.removeprefix("go to the ")) for s in heldout])
+        result["heldout_action_accuracy"] = float(right[torch.arange(len(heldout)), instructed].float().mean())
+    return result
 
 
 # -- teacher-forced batches ---------------------------------------------------------------------------
@@ -96,21 +185,32 @@ def load_samples(path: Path) -> list[Sample]:
 class Batch:
     ids: torch.Tensor  # [B, T] prompt + answer + EOS, right-padded
     labels: torch.Tensor  # [B, T] the next token where it is an answer token, else -100
+    weights: torch.Tensor  # [B, T] each label's weight in the loss (the action line's are heavier)
     images: torch.Tensor  # [B, 3, h, w]
 
 
-def make_batch(adapter: NavAdapter, tokenizer, samples: Sequence[Sample]) -> Batch:
-    rows, labels = [], []
+def answer_tokens(tokenizer, answer: str) -> tuple[list[int], int]:
+    """(the answer's tokens, the index of the first one of its action line)."""
+    encoded = tokenizer(answer, add_special_tokens=False, return_offsets_mapping=True)
+    line = answer.index("\n" + ACTION_PREFIX) + 1
+    first = next((i for i, (begin, end) in enumerate(encoded["offset_mapping"]) if end > line),
+                 len(encoded["input_ids"]))
+    return list(encoded["input_ids"]), first
+
+
+def make_batch(adapter: NavAdapter, tokenizer, samples: Sequence[Sample], action_weight: float = 1.0) -> Batch:
+    rows, labels, weights = [], [], []
     for s in samples:
         prompt = adapter.prompt_ids(tokenizer, s.instruction)
-        answer = tokenizer.encode(s.answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-        ids = prompt + answer
-        rows.append(ids)
+        tokens, first = answer_tokens(tokenizer, s.answer)
+        answer = tokens + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
         labels.append([-100] * (len(prompt) - 1) + answer + [-100])  # label[t] = the token after t
+        weights.append([0.0] * (len(prompt) - 1) + [1.0] * first + [action_weight] * (len(answer) - first) + [0.0])
     width = max(len(r) for r in rows)
     pad = lambda r, v: r + [v] * (width - len(r))  # noqa: E731
     return Batch(torch.tensor([pad(r, 0) for r in rows]), torch.tensor([pad(lab, -100) for lab in labels]),
-                 adapter.preprocess([s.frame for s in samples]))
+                 torch.tensor([pad(w, 0.0) for w in weights]), adapter.preprocess([s.frame for s in samples]))
 
 
 def embeddings(lm: TorchCausalLM, adapter: NavAdapter, batch: Batch, model: str) -> torch.Tensor:
@@ -124,13 +224,16 @@ def embeddings(lm: TorchCausalLM, adapter: NavAdapter, batch: Batch, model: str)
 
 
 def answer_loss(lm: TorchCausalLM, adapter: NavAdapter, batch: Batch, model: str) -> torch.Tensor:
-    """Cross-entropy of the answer tokens, the head run only on the rows that predict them."""
+    """The weighted cross-entropy of the answer tokens, the head run only on the rows that predict
+    them. ``lm``: the model as the adapter trains it (NavAdapter.attach(..., trainable=True))."""
     inner = lm.hf.model
     # Right padding under a causal mask: no real row sees a pad, so no attention mask is needed.
     hidden = inner(inputs_embeds=embeddings(lm, adapter, batch, model), use_cache=False).last_hidden_state
     where = batch.labels != -100
     logits = lm.hf.lm_head(hidden[where])  # [N, V]
-    return torch.nn.functional.cross_entropy(logits.float(), batch.labels[where])
+    losses = torch.nn.functional.cross_entropy(logits.float(), batch.labels[where], reduction="none")
+    weights = batch.weights[where]
+    return (losses * weights).sum() / weights.sum()
 
 
 # -- training ------------------------------------------------------------------------------------------
@@ -141,7 +244,10 @@ class NavTrainConfig:
     epochs: int = 3
     batch_size: int = 16
     lr: float = 2e-3
+    encoder_lr_scale: float = 0.1  # the pretrained encoder learns this much slower
+    action_weight: float = 3.0  # the action line's tokens weigh this much more than the reason's
     draft_weight: float = 0.5
+    max_steps: int = 0  # stop after this many steps (0: the epochs' worth)
     checkpoint_every: int = 25
     seed: int = 0
 
@@ -149,17 +255,26 @@ class NavTrainConfig:
 def train_adapter(adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausalLM | None, tokenizer,
                   samples: Sequence[Sample], config: NavTrainConfig, checkpoint: Path | None = None,
                   progress: Callable[[int, int, float], None] | None = None) -> dict:
-    """Train the adapter's encoder and projectors (the language models frozen); resumes from
-    ``checkpoint`` if it holds a state, and writes it every ``checkpoint_every`` steps."""
+    """Train the adapter's projectors and LoRA updates, and its encoder at ``encoder_lr_scale``
+    (the language models' own weights frozen); resumes from ``checkpoint`` if it holds a state, and
+    writes it every ``checkpoint_every`` steps."""
     for lm in (target, draft):
         if lm is not None:
             for p in lm.hf.parameters():
                 p.requires_grad_(False)
-    params = [p for name, p in adapter.named_parameters() if draft is not None or "projectors.draft" not in name]
-    optim = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.01)
+    models = {"target": adapter.attach(target, "target", trainable=True)}
+    if draft is not None:
+        models["draft"] = adapter.attach(draft, "draft", trainable=True)
+    named = [(name, p) for name, p in adapter.named_parameters()
+             if draft is not None or not name.startswith(("projectors.draft", "lora.draft"))]
+    groups = [{"params": [p for n, p in named if n.startswith("encoder.")], "scale": config.encoder_lr_scale},
+              {"params": [p for n, p in named if not n.startswith("encoder.")], "scale": 1.0}]
+    params = [p for _, p in named]
+    optim = torch.optim.AdamW(groups, lr=config.lr, weight_decay=0.01)
     order = list(range(len(samples)))
     steps_per_epoch = math.ceil(len(order) / config.batch_size)
     total = steps_per_epoch * config.epochs
+    total = min(total, config.max_steps) if config.max_steps else total
     step, losses, started = 0, [], time.perf_counter()
     if checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
@@ -171,15 +286,16 @@ def train_adapter(adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausal
         random.Random(config.seed + epoch).shuffle(order)
         for i in range(steps_per_epoch):
             done = epoch * steps_per_epoch + i
-            if done < step:
-                continue  # resumed past it
+            if done < step or done >= total:
+                continue  # resumed past it, or past the last step
             for group in optim.param_groups:  # cosine decay
-                group["lr"] = config.lr * 0.5 * (1 + math.cos(math.pi * done / total))
+                group["lr"] = group["scale"] * config.lr * 0.5 * (1 + math.cos(math.pi * done / total))
             batch = make_batch(adapter, tokenizer, [samples[j] for j in order[i * config.batch_size:
-                                                                               (i + 1) * config.batch_size]])
-            loss = answer_loss(target, adapter, batch, "target")
+                                                                               (i + 1) * config.batch_size]],
+                               config.action_weight)
+            loss = answer_loss(models["target"], adapter, batch, "target")
             if draft is not None:
-                loss = loss + config.draft_weight * answer_loss(draft, adapter, batch, "draft")
+                loss = loss + config.draft_weight * answer_loss(models["draft"], adapter, batch, "draft")
             optim.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

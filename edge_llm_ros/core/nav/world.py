@@ -196,6 +196,11 @@ class World:
             return self.segment_names[i]
         return ""
 
+    def clear_line(self, a: tuple[float, float], b: tuple[float, float], clearance: float) -> bool:
+        """Whether a point can go straight from a to b keeping ``clearance`` from everything."""
+        n = max(2, math.ceil(math.hypot(b[0] - a[0], b[1] - a[1]) / 0.05) + 1)
+        return bool((self.clearance(np.linspace(a, b, n)) >= clearance).all())
+
     def line_of_sight(self, a: tuple[float, float], b: tuple[float, float]) -> bool:
         """Whether the segment a-b crosses no wall or box edge."""
         (ax, ay), (bx, by) = a, b

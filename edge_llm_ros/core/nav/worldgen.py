@@ -7,7 +7,9 @@ door or half-split by a partial wall or open; up to two boxes away from walls an
 for the red chair; a grey can, a white or green bottle for the silver bottle); floor, wall and box
 colours from small palettes. The robot starts clear of everything, at least `start_gap_m` from the
 target, with the target out of view (outside the camera's field of view or behind a wall), and only
-where a path with a margin reaches it (`reachable`). The same seed gives the same world.
+where a path with a margin reaches it (`reachable`); with ``clear_path``, only where a straight one
+does (`straight_path`: the target is found by looking around, then reached head-on). The same seed
+gives the same world.
 
 ``Grid`` is the map the expert plans on: cell centres over the bounds and each one's clearance.
 """
@@ -113,12 +115,26 @@ class GenerateConfig:
     distractors: tuple[int, int] = (2, 5)  # other objects, look-alikes first
     start_gap_m: float = 2.0  # the robot starts at least this far from the target, body to body
     hfov_deg: float = 90.0  # the target starts out of view: outside this field of view, or hidden
+    clear_path: bool = False  # the straight line from the start to the target keeps `PATH_MARGIN_M` clear
 
     def __post_init__(self) -> None:
         if self.target not in KINDS:
             raise ValueError(f"target: expected one of {sorted(KINDS)}, got {self.target!r}")
         if not 0 <= self.distractors[0] <= self.distractors[1] <= len(KINDS) - 1:
             raise ValueError(f"distractors: expected (low, high) within 0..{len(KINDS) - 1}, got {self.distractors}")
+
+
+PATH_MARGIN_M = 0.3
+
+
+def straight_path(world: World, pose: Pose, target: WorldObject) -> bool:
+    """Whether the robot can drive straight from ``pose`` to within 0.3 m of ``target`` (body to
+    body) keeping PATH_MARGIN_M beyond its radius from everything: a world where turning until the
+    target is in view, then heading for it, gets there."""
+    distance = pose.distance_to(*target.position)
+    k = 1 - (target.radius + ROBOT_RADIUS + 0.3) / distance
+    end = (pose.x + k * (target.position[0] - pose.x), pose.y + k * (target.position[1] - pose.y))
+    return world.clear_line((pose.x, pose.y), end, ROBOT_RADIUS + PATH_MARGIN_M)
 
 
 def generate(seed: int, config: GenerateConfig = GenerateConfig()) -> World:
@@ -232,6 +248,6 @@ def _start(rng, config, bounds, walls, boxes, objects) -> Pose | None:
         far = body_gap(pose, target) >= config.start_gap_m
         in_view = (abs(pose.bearing_to(*target.position)) < math.radians(config.hfov_deg) / 2
                    and world.line_of_sight((pose.x, pose.y), target.position))
-        if clear and far and not in_view:
+        if clear and far and not in_view and (not config.clear_path or straight_path(world, pose, target)):
             return pose
     return None
