@@ -27,6 +27,8 @@ REASON_CHARS = 80
 REASON_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 ,-"
 
 REASON_PREFIX, ACTION_PREFIX = "reason: ", "action: "
+# every action line's value: 'forward small' .. 'turn_right large', then 'stop'
+ACTIONS = tuple(f"{verb} {m}" for verb in VERBS if verb != "stop" for m in MAGNITUDES) + ("stop",)
 
 
 class AnswerAutomaton:
@@ -38,8 +40,7 @@ class AnswerAutomaton:
     start = ("prefix", 0)
 
     def __init__(self) -> None:
-        moves = [f"{verb} {m}" for verb in VERBS if verb != "stop" for m in MAGNITUDES]
-        self.lines = frozenset(ACTION_PREFIX + a for a in [*moves, "stop"])
+        self.lines = frozenset(ACTION_PREFIX + a for a in ACTIONS)
         self.prefixes = frozenset(line[:i] for line in self.lines for i in range(len(line) + 1))
         self.alphabet = frozenset(REASON_PREFIX + REASON_ALPHABET + "\n" + "".join(self.lines))
 

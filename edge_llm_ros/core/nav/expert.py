@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .actions import MAGNITUDES, Magnitudes, NavCommand, clean_reason
-from .world import ROBOT_RADIUS, Pose, Robot, World, WorldObject, body_gap, reached, wrap
+from .world import ROBOT_RADIUS, Pose, Robot, World, WorldObject, approach_point, body_gap, reached, wrap
 from .worldgen import Grid
 
+SEARCH = NavCommand("turn_left", "medium", "searching left")  # the camera expert's turn while the target is unseen
 WHERE = ("not in view", "ahead", "ahead left", "ahead right", "left", "right")
 NEIGHBOURS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
 
@@ -117,12 +118,9 @@ def safe_clearance(world: World, pose: Pose, config: ExpertConfig) -> float:
 def direct_goal(world: World, pose: Pose, target: str, config: ExpertConfig) -> tuple[float, float] | None:
     """The point `goal_m` short of the target on the straight line to it, when that line is clear."""
     t = world.object(target)
-    distance = pose.distance_to(*t.position)
-    stop_at = t.radius + ROBOT_RADIUS + config.goal_m
-    if distance <= stop_at:
+    if body_gap(pose, t) <= config.goal_m:
         return None
-    k = 1 - stop_at / distance
-    point = (pose.x + k * (t.position[0] - pose.x), pose.y + k * (t.position[1] - pose.y))
+    point = approach_point(pose, t, config.goal_m)
     return point if world.clear_line((pose.x, pose.y), point, safe_clearance(world, pose, config)) else None
 
 
@@ -250,25 +248,26 @@ def expert(world: World, pose: Pose, target: str | None = None, config: ExpertCo
 def camera_expert(world: World, pose: Pose, target: str | None = None,
                   config: ExpertConfig = ExpertConfig()) -> NavCommand:
     """The teacher a camera-only policy can learn from: every action follows from what the frame
-    shows. Not in view: turn left (medium: 30 degrees, a third of the view, so the target crosses the middle of some frame) to search. In view: turn toward it until it is within
-    `ahead_deg` of the heading, then forward by a magnitude that fits its distance (and a clear
-    sweep). Reached: face it, then stop. Only when something blocks the way forward does it fall
-    back on the map-based expert's choice (`choose`)."""
+    shows. Not in view: SEARCH, a left turn of 30 degrees (a third of the view, so the target
+    crosses the middle of some frame). In view: turn toward it until it is within `ahead_deg` of
+    the heading, then forward by a magnitude that fits its distance (and a clear sweep). Reached:
+    face it, then stop. Only when something blocks the way forward does it fall back on the
+    map-based expert's choice (`choose`)."""
     target = target or world.target
     t = world.object(target)
-    if reached(pose, t) or not in_view(world, pose, t, config.hfov_deg):
-        verb, magnitude, why = choose(world, pose, target, config) if reached(pose, t) else (
-            "turn_left", "medium", "searching left")
-        return NavCommand(verb, magnitude, describe(world, pose, target, why, config))
     bearing = pose.bearing_to(*t.position)
-    if abs(math.degrees(bearing)) >= config.ahead_deg:
-        turn = nearest_turn(bearing, config.magnitudes)
-        why = f"turning {'left' if bearing > 0 else 'right'}"
-        return NavCommand(turn.verb, turn.magnitude, describe(world, pose, target, why, config))
-    verb, magnitude, why = "forward", forward_magnitude(world, pose, body_gap(pose, t) - config.goal_m, config), \
-        "path clear"
-    if not magnitude:
+    if reached(pose, t):
         verb, magnitude, why = choose(world, pose, target, config)
+    elif not in_view(world, pose, t, config.hfov_deg):
+        verb, magnitude, why = SEARCH.verb, SEARCH.magnitude, SEARCH.reason
+    elif abs(math.degrees(bearing)) >= config.ahead_deg:
+        turn = nearest_turn(bearing, config.magnitudes)
+        verb, magnitude, why = turn.verb, turn.magnitude, f"turning {'left' if bearing > 0 else 'right'}"
+    else:
+        verb, magnitude, why = "forward", forward_magnitude(world, pose, body_gap(pose, t) - config.goal_m,
+                                                            config), "path clear"
+        if not magnitude:
+            verb, magnitude, why = choose(world, pose, target, config)
     return NavCommand(verb, magnitude, describe(world, pose, target, why, config))
 
 

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from ..models import TorchCausalLM
-from .actions import ACTION_PREFIX, MAGNITUDES, VERBS, parse
+from .actions import ACTION_PREFIX, ACTIONS, parse
 from .camera import Camera
-from .expert import WHERE, ExpertConfig, camera_expert, rollout, where_seen
+from .expert import SEARCH, WHERE, ExpertConfig, camera_expert, rollout, where_seen
 from .vlm import NavAdapter
 from .world import Pose, World, body_gap
 from .worldgen import GenerateConfig, generate
@@ -42,7 +42,6 @@ from .worldgen import GenerateConfig, generate
 TRAIN_TARGETS = ("red chair", "silver bottle", "blue chair", "yellow cone")
 EVAL_SEEDS = range(100, 110)  # the evaluation worlds (bench --seeds 100-109): never trained on
 TRAIN_SEED_BASE = 10_000
-ACTIONS = tuple(f"{v} {m}" for v in VERBS if v != "stop" for m in MAGNITUDES) + ("stop",)
 DISTANCES = 9  # "under 1 m", "1 m" .. "8 m"
 
 
@@ -71,7 +70,7 @@ def frame_labels(world: World, pose: Pose, config: ExpertConfig = ExpertConfig()
     labels = np.zeros((len(TRAIN_TARGETS), 3), dtype=np.int64)
     for k, name in enumerate(TRAIN_TARGETS):
         if name not in names:
-            labels[k] = (ACTIONS.index("turn_left medium"), 0, 0)
+            labels[k] = (ACTIONS.index(SEARCH.action), 0, 0)
             continue
         obj = world.object(name)
         labels[k] = (ACTIONS.index(camera_expert(world, pose, name, config).action),
@@ -132,14 +131,10 @@ class SightHead(nn.Module):
     def loss(self, rows: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the summed cross-entropy, [B, targets] whether the action is right) for labels [B, T, 3]."""
         logits = self.net(rows).view(len(rows), len(TRAIN_TARGETS), sum(self.sizes))
-        total, start = 0.0, 0
-        for j, size in enumerate(self.sizes):
-            part = logits[..., start:start + size]
-            total = total + nn.functional.cross_entropy(part.reshape(-1, size), labels[..., j].reshape(-1))
-            if j == 0:
-                right = part.argmax(-1) == labels[..., 0]
-            start += size
-        return total, right
+        parts = logits.split(self.sizes, dim=-1)  # action, where, distance
+        total = sum(nn.functional.cross_entropy(part.reshape(-1, part.shape[-1]), labels[..., j].reshape(-1))
+                    for j, part in enumerate(parts))
+        return total, parts[0].argmax(-1) == labels[..., 0]
 
 
 def pretrain_encoder(adapter: NavAdapter, samples: Sequence[Sample], steps: int, batch_size: int = 64,

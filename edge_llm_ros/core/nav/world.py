@@ -105,6 +105,12 @@ def body_gap(pose: Pose, obj: WorldObject, radius: float = ROBOT_RADIUS) -> floa
     return pose.distance_to(*obj.position) - obj.radius - radius
 
 
+def approach_point(pose: Pose, obj: WorldObject, gap: float, radius: float = ROBOT_RADIUS) -> tuple[float, float]:
+    """The point on the straight line from ``pose`` to ``obj`` where the body gap is ``gap``."""
+    k = 1 - (obj.radius + radius + gap) / pose.distance_to(*obj.position)
+    return pose.x + k * (obj.position[0] - pose.x), pose.y + k * (obj.position[1] - pose.y)
+
+
 def reached(pose: Pose, obj: WorldObject, within: float = REACH_M, radius: float = ROBOT_RADIUS) -> bool:
     return body_gap(pose, obj, radius) <= within
 

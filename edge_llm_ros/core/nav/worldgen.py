@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .world import (DEFAULT_RADIUS, PALETTE, REACH_M, ROBOT_RADIUS, SHAPES, Colours, Pose, World, WorldError,
-                    WorldObject, body_gap, box_edges, point_segment_distances)
+                    WorldObject, approach_point, body_gap, box_edges, point_segment_distances)
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,7 @@ def straight_path(world: World, pose: Pose, target: WorldObject) -> bool:
     """Whether the robot can drive straight from ``pose`` to within 0.3 m of ``target`` (body to
     body) keeping PATH_MARGIN_M beyond its radius from everything: a world where turning until the
     target is in view, then heading for it, gets there."""
-    distance = pose.distance_to(*target.position)
-    k = 1 - (target.radius + ROBOT_RADIUS + 0.3) / distance
-    end = (pose.x + k * (target.position[0] - pose.x), pose.y + k * (target.position[1] - pose.y))
-    return world.clear_line((pose.x, pose.y), end, ROBOT_RADIUS + PATH_MARGIN_M)
+    return world.clear_line((pose.x, pose.y), approach_point(pose, target, 0.3), ROBOT_RADIUS + PATH_MARGIN_M)
 
 
 def generate(seed: int, config: GenerateConfig = GenerateConfig()) -> World:
