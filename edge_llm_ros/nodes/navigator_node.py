@@ -11,20 +11,24 @@ Each decision conditions the target and the draft on the newest frame and genera
 target's answer). An answer that does not parse, a malformed frame, or an episode past
 `max_actions` becomes a stop. A valid `stop` ends the episode.
 
-`overlap` (default false): while the robot executes an action, the next one is decided from the
-newest frame, and handed over when the bridge is idle, so the robot does not stand and wait for
-the model (EE's pre-drafting; LiveVLN's overlap). Off by default: the actions are relative
-(forward 1 m, turn 30 degrees), so one decided from a frame taken mid-motion is applied from a
-pose it never saw; in the simulator that overshot the red chair and touched it, where stop-and-go
-reached it. False: stop-and-go (a decision starts when the robot is idle, from a frame taken then). Either way the episode's waiting time (the robot idle,
-waiting for a decision), decisions and time to first motion are logged when it ends and
-published latched on `~/episode` (std_msgs/String, JSON).
+`overlap` (default true): the next decision is made while the robot executes the current action,
+so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
+starts about one decision time before the motion ends (the bridge's state says how long a motion
+takes; core/nav/overlap.py), and is carried over by odometry (`/odom`, nav_msgs/Odometry) from the
+pose its frame was taken at to the pose the robot stopped at: a turn keeps its goal heading, a
+move its goal point. A decision the motion already did is dropped and the next one starts. With
+no odometry for the frame's time, an overlapped decision is dropped (relative actions from
+mid-motion frames overshoot) and the navigator decides stop-and-go. False: stop-and-go (a
+decision starts when the robot is idle, from a frame taken then). Either way the episode's waiting
+time (the robot idle, waiting for a decision), decisions and time to first motion are logged when
+it ends and published latched on `~/episode` (std_msgs/String, JSON).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 import time
 
@@ -40,8 +44,8 @@ class NavigatorParams(ManagedParams):
     draft: str = param("", "draft model folder for the speculative modes ('' = the shipped SmolLM2 draft)")
     mode: str = param("ar", "decoding mode (lossless under the grammar)", choices=("ar", "sd", "tree"))
     gamma: int = param(4, "drafted tokens per round (sd)", low=1, high=16)
-    overlap: bool = param(False, "decide the next action while the robot executes the current one (false: "
-                                 "stop-and-go; relative actions from mid-motion frames overshoot)")
+    overlap: bool = param(True, "decide the next action while the robot executes the current one, carried "
+                                 "over by /odom to the pose it starts from (false: stop-and-go)")
     max_actions: int = param(60, "an episode stops after this many actions", low=1)
     max_frame_age_s: float = param(1.0, "decide only from a frame at most this old (else wait for one)", low=0.01)
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
@@ -61,6 +65,9 @@ class NavigatorNode(ManagedNode):
         self.stopping = False
         self.waiting = self.pending = None  # the episode's Waiting, and a decision not handed over yet
         self.handed, self.request_id, self.outcome = 0, "", ""
+        self.schedule = None  # the episode's Overlap: when the next decision starts
+        self.poses = None  # PoseHistory from /odom, by stamp (s)
+        self.warned_odometry = False
         self.action_pub = self.create_publisher(self.NavAction, "nav_action", 10)
         self.episode_pub = self.create_publisher(self.String, "~/episode", latched_qos())
         self.create_subscription(rt.message("sensor_msgs/msg/Image"), "/camera/image_raw", self.on_image, 2)
@@ -68,6 +75,7 @@ class NavigatorNode(ManagedNode):
                                  self.on_compressed, 2)
         self.create_subscription(self.String, "instruction", self.on_instruction, 10)
         self.create_subscription(self.String, "go2_bridge/state", self.on_bridge_state, latched_qos())
+        self.create_subscription(rt.message("nav_msgs/msg/Odometry"), "/odom", self.on_odometry, 10)
         self.worker = threading.Thread(target=self.run, daemon=True, name="navigator")
         self.worker.start()
 
@@ -78,6 +86,7 @@ class NavigatorNode(ManagedNode):
         from edge_llm_ros.core.draft_models import load_draft
         from edge_llm_ros.core.loading import set_threads
         from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
+        from edge_llm_ros.core.nav.overlap import PoseHistory
         from edge_llm_ros.core.nav.vlm import NavAdapter
 
         p = self.params
@@ -87,8 +96,9 @@ class NavigatorNode(ManagedNode):
         draft = load_draft(target, p.draft or None).model if p.mode != "ar" else None
         config = GenerationConfig(mode=p.mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
         self.navigator = Navigator(adapter, target, draft, config)
+        self.poses = PoseHistory()
         trained = adapter.training_info.get("action_accuracy")
-        how = "overlapped with motion" if p.overlap else "stop-and-go"
+        how = "overlapped with motion (carried over by /odom)" if p.overlap else "stop-and-go"
         return (f"navigating with SmolLM2 + adapter {p.adapter or 'shipped'}"
                 + (f" (held-out action accuracy {trained:.2f})" if trained is not None else "")
                 + f", mode {p.mode} on torch, decisions {how}")
@@ -140,8 +150,24 @@ class NavigatorNode(ManagedNode):
         else:
             self.publish_stop("", "instruction cleared")
 
-    def on_bridge_state(self, msg) -> None:
+    def on_odometry(self, msg) -> None:
+        from edge_llm_ros.core.nav.world import Pose
+
+        q, position = msg.pose.pose.orientation, msg.pose.pose.position
+        yaw = math.atan2(2 * (q.w * q.z + q.x * q.y), 1 - 2 * (q.y * q.y + q.z * q.z))
         with self.lock:
+            if self.poses is not None:
+                self.poses.add(seconds(msg.header.stamp), Pose(position.x, position.y, yaw))
+
+    def on_bridge_state(self, msg) -> None:
+        from edge_llm_ros.core.nav.motion import motion_seconds
+
+        with self.lock:
+            takes = motion_seconds(msg.data)
+            if takes is not None and self.schedule is not None and self.awaiting_motion:
+                now = time.monotonic()  # the motion this hand-over started: the next decision's time
+                self.schedule.handed(now, now + takes)
+                self.awaiting_motion = False
             idle = msg.data.startswith("idle")
             if idle and not self.bridge_idle and self.waiting is not None:
                 self.waiting.idle(time.monotonic())
@@ -182,29 +208,32 @@ class NavigatorNode(ManagedNode):
                     self.instruction = ""
 
     def run_episode(self, episode: int, instruction: str) -> None:
-        """Decide, hand over, until a stop. Overlapped: decisions go on from the newest frame while the
-        robot moves, the freshest one waiting (``pending``) for the bridge to become idle; the state
-        callback hands it over at once then. Stop-and-go: one decision per idle robot, from a frame
-        taken after it stopped."""
+        """Decide, hand over, until a stop. Stop-and-go: one decision per idle robot, from a frame
+        taken after it stopped. Overlapped: the next decision starts when the schedule says (one
+        decision time before the motion ends) from the newest frame, and waits (``pending``) for
+        the bridge to become idle; the state callback hands it over at once then."""
         from edge_llm_ros.core.nav.navigator import Waiting
+        from edge_llm_ros.core.nav.overlap import Overlap
 
         with self.lock:
             self.waiting, self.pending, self.handed = Waiting(), None, 0
             self.request_id, self.outcome = f"nav-{episode}", ""
+            self.schedule, self.awaiting_motion = Overlap(), False
             if self.bridge_idle:
                 self.waiting.idle(time.monotonic())
         while True:
             with self.lock:
-                while not self.params.overlap and not self.bridge_idle and self.live(episode):
-                    self.lock.wait(0.1)
+                while self.live(episode) and not self.outcome and not self.may_decide():
+                    self.lock.wait(0.05)
                 if not self.live(episode) or self.outcome:
                     break
-                since = self.waiting.since if not self.params.overlap else None
-            frame = self.fresh_frame(since if since is not None else 0.0, episode)
+                after = self.waiting.since if self.bridge_idle else self.schedule.start_at
+            frame = self.fresh_frame(after if after is not None else 0.0, episode)
             if frame is None:
                 break
             decision = self.navigator.decide(frame[0], instruction)
             with self.lock:
+                self.schedule.decided(decision.decide_s)
                 if not self.live(episode) or self.outcome:
                     break
                 self.pending = (frame, decision)
@@ -222,23 +251,44 @@ class NavigatorNode(ManagedNode):
                                f"{waiting.rounds} rounds), first motion after {summary['first_motion_s']} s")
         self.episode_pub.publish(self.String(data=json.dumps(summary)))
 
+    def may_decide(self) -> bool:
+        """(Under the lock.) Whether the next decision may start now: nothing is pending, and the
+        robot is idle, or (overlapped) the schedule's time has come while it moves."""
+        if self.pending is not None:
+            return False
+        if self.bridge_idle:
+            return True
+        return self.params.overlap and time.monotonic() >= self.schedule.start_at
+
     def live(self, episode: int) -> bool:
         return not self.stopping and episode == self.episode
 
     def hand_over(self) -> None:
         """(Under the lock, the bridge idle.) The pending decision to the bridge, if its frame is
-        still fresh enough for it; a stop, an invalid answer or max_actions ends the episode."""
+        still fresh enough for it (and, overlapped, carried over to the pose now); a stop, an
+        invalid answer or max_actions ends the episode."""
         frame, decision = self.pending
-        age = time.monotonic() - frame[2]
-        if age > self.params.max_frame_age_s:  # too old for the bridge: the decision under way replaces it
+        self.pending = None
+        now = time.monotonic()
+        age = now - frame[2]
+        if age > self.params.max_frame_age_s:  # too old for the bridge: decide again
             self.get_logger().warning(f"{self.request_id}: a decision from a {age:.2f} s old frame is past "
                                       f"max_frame_age_s {self.params.max_frame_age_s:g} s (it took "
                                       f"{decision.decide_s:.2f} s); dropped: if decisions take that long here, "
                                       "raise max_frame_age_s on the navigator and the bridge")
+            self.drop(now)
             return
-        self.pending = None
-        self.publish_decision(self.request_id, frame, decision)
-        self.waiting.handed_over(time.monotonic())
+        motion = decision.command.motion(self.navigator.magnitudes)
+        verb = decision.command.verb
+        still = self.waiting.since is not None and frame[2] >= self.waiting.since  # taken since the robot stopped
+        if self.params.overlap and verb != "stop" and decision.valid and not still:
+            carried = self.carry(frame, decision)
+            if carried is None:
+                self.drop(now)
+                return
+            verb, motion = carried.verb, (carried.distance_m, carried.angle_rad)
+        self.publish_decision(self.request_id, frame, decision, verb, motion)
+        self.waiting.handed_over(now)
         self.handed += 1
         if decision.command.verb == "stop":
             self.outcome = "stopped" if decision.valid else "invalid answer"
@@ -247,20 +297,52 @@ class NavigatorNode(ManagedNode):
             self.publish_stop(self.request_id, f"{self.params.max_actions} actions without reaching a stop")
         else:
             self.bridge_idle = False  # the bridge takes the action: not idle until it says so
+            self.awaiting_motion = True  # its state says how long the motion takes
+            self.schedule.start_at = math.inf  # until then: decide when it is idle again
+        self.lock.notify_all()
+
+    def carry(self, frame, decision):
+        """(Under the lock.) The decision carried over by odometry from its frame's pose to the pose
+        now (core/nav/overlap.reanchor), or None to drop it."""
+        from edge_llm_ros.core.nav.overlap import reanchor
+
+        at_frame = self.poses.at(seconds(frame[1]))
+        now = self.poses.latest
+        if at_frame is None or now is None:
+            if not self.warned_odometry:
+                self.warned_odometry = True
+                self.get_logger().warning("overlap: no /odom for the frame's time, so a decision from a frame "
+                                          "taken while moving cannot be carried over; dropping such decisions "
+                                          "and deciding stop-and-go until odometry arrives")
+            return None
+        distance, angle = decision.command.motion(self.navigator.magnitudes)
+        carried = reanchor(decision.command, distance, angle, at_frame, now)
+        if carried is None:
+            self.get_logger().info(f"{self.request_id}: {decision.command.action} (decided {decision.decide_s:.2f} s "
+                                   "ago) was already done by the motion since its frame; deciding again")
+        return carried
+
+    def drop(self, now: float) -> None:
+        """(Under the lock, the bridge idle.) No action this round: decide again from a new frame."""
+        self.schedule.dropped(now)
         self.lock.notify_all()
 
     # -- outputs ---------------------------------------------------------------------------------
 
-    def publish_decision(self, request_id: str, frame, decision) -> None:
+    def publish_decision(self, request_id: str, frame, decision, verb: str, motion: tuple[float, float]) -> None:
+        """The decision as a NavAction: ``verb`` and ``motion`` (distance, angle) as handed over
+        (overlapped: carried over to the pose now; a carried turn may change side)."""
         command = decision.command
-        distance, angle = command.motion(self.navigator.magnitudes)
+        distance, angle = motion
         age = time.monotonic() - frame[2]
-        msg = self.NavAction(request_id=request_id, frame_stamp=frame[1], action=command.verb,
+        msg = self.NavAction(request_id=request_id, frame_stamp=frame[1], action=verb,
                              magnitude=command.magnitude, distance_m=distance, angle_rad=angle,
                              reason=command.reason, confidence=decision.confidence, latency_s=age,
                              valid=decision.valid, raw_text=decision.text[:512], error=decision.error)
         self.action_pub.publish(stamp(self, msg))
         note = f" ({decision.error})" if decision.error else ""
+        if (verb, motion) != (command.verb, command.motion(self.navigator.magnitudes)):
+            note += f" carried over to {verb} {distance:.2f} m, {math.degrees(angle):.0f} deg"
         self.get_logger().info(f"{request_id}: {command.action} — {command.reason!r}, confidence "
                                f"{decision.confidence:.2f}, decided in {decision.decide_s:.2f} s{note}")
 
@@ -275,6 +357,10 @@ class NavigatorNode(ManagedNode):
             self.lock.notify_all()
         self.worker.join(timeout=5.0)
         super().destroy_node()
+
+
+def seconds(stamp_msg) -> float:
+    return stamp_msg.sec + stamp_msg.nanosec * 1e-9
 
 
 def main(args: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ BUSY_CORES = 0.25  # other processes using this much CPU during a run make its t
 WARMUP_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
-SCENARIOS = ("engine", "edge-cloud", "reliability", "serving", "pipeline")
+SCENARIOS = ("engine", "edge-cloud", "reliability", "serving", "pipeline", "nav")
 
 
 # -- one generation -----------------------------------------------------------------------------
@@ -519,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "emulated links (see --scenario edge-cloud --help); reliability: fuzz, overload and "
                         "faults against the edge-cloud deployment (see --scenario reliability --help); serving: the "
                         "launched pipeline with 1-16 concurrent clients (see --scenario serving --help); pipeline: the "
-                        "stage pipeline measured, simulated and projected (see --scenario pipeline --help)")
+                        "stage pipeline measured, simulated and projected (see --scenario pipeline --help); nav: Go2 "
+                        "navigation episodes per VLM deployment, overlapped vs stop-and-go (see --scenario nav --help)")
     p.add_argument("--quick", action="store_true", help=f"two short prompts, {QUICK_MAX_NEW_TOKENS} new tokens")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
@@ -595,6 +596,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         from .bench_pipeline import main as pipeline_main
 
         return pipeline_main(argv, out, err)
+    if scenario_of(argv) == "nav":
+        from .bench_nav import main as nav_main
+
+        return nav_main(argv, out, err)
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:

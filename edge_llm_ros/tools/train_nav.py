@@ -46,14 +46,14 @@ def add_nav_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def seed_range(text: str) -> range:
+def seed_range(text: str, flag: str = "--eval-worlds") -> range:
     first, _, last = text.partition("-")
     try:
         lo, hi = int(first), int(last or first)
     except ValueError:
-        raise ValueError(f"--eval-worlds: expected FIRST-LAST seeds, got {text!r}") from None
+        raise ValueError(f"{flag}: expected FIRST-LAST seeds, got {text!r}") from None
     if hi < lo:
-        raise ValueError(f"--eval-worlds: {hi} < {lo}")
+        raise ValueError(f"{flag}: {hi} < {lo}")
     return range(lo, hi + 1)
 
 

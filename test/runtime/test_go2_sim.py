@@ -43,7 +43,7 @@ class Recorder:
 
 def test_an_instruction_from_the_cli_drives_the_simulated_go2(rt_session, router_endpoint):
     from edge_llm_ros import runtime as rt
-    from edge_llm_ros.core.nav.actions import parse
+    from edge_llm_ros.core.nav.actions import TURNS, parse
 
     from edge_llm_ros.core.nav.world import Pose, reached
     from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
@@ -71,11 +71,12 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(rt_session, router
         final = odom.items[-1].pose.pose.position
         assert reached(Pose(final.x, final.y, 0.0), world.target_object), (final, summary)
         assert "collision: touched" not in launch.output, launch.output[-3000:]
-        assert summary["overlap"] is False and summary["waiting_s"] > 0  # stop-and-go: it waits every round
+        assert summary["overlap"] is True and summary["waiting_s"] >= 0
         decided = [a for a in actions.items if a.request_id == f"nav-{summary['episode']}" and a.raw_text]
         assert decided, actions.items
         for action in decided:
-            assert action.valid and parse(action.raw_text).verb == action.action, action
+            answer = parse(action.raw_text)  # a turn carried over to the pose now may change side
+            assert action.valid and (answer.verb == action.action or {answer.verb, action.action} <= set(TURNS)), action
             assert 0.0 <= action.confidence <= 1.0 and action.frame_stamp.sec > 0
         if any(a.action != "stop" for a in decided):
             moved = lambda m: (abs(m.pose.pose.position.x - start.x) + abs(m.pose.pose.position.y - start.y) > 0.05

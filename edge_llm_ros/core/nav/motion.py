@@ -20,6 +20,7 @@ regular, and to first order when they jitter.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from .actions import ActionParseError, Magnitudes, NavCommand
@@ -301,6 +302,17 @@ def to_command(action: str, magnitude: str, distance_m: float, angle_rad: float,
 # -- the executor ----------------------------------------------------------------------------------
 
 
+TAKES = " in {:.2f} s"  # how long a started motion takes, in its status line ('moving: ... rad in 2.50 s')
+_TAKES = re.compile(r"^moving: .* rad in ([0-9]+\.[0-9]+) s")
+
+
+def motion_seconds(status: str) -> float | None:
+    """How long the motion a status line announces takes, from when it was published; None for a
+    status that starts no motion."""
+    match = _TAKES.match(status)
+    return float(match.group(1)) if match else None
+
+
 @dataclass
 class Executor:
     """The bridge's state: at most one motion, the watchdog and the e-stop (see the module docstring)."""
@@ -353,7 +365,7 @@ class Executor:
         velocity = self.motion.velocity(now) if self.motion is not None else (0.0, 0.0)
         self.motion = plan_motion(distance, angle, velocity, self.limits, now)
         self.watchdog.feed(now)
-        return self._set(f"{cmd.label}: {distance:.3f} m, {angle:.3f} rad in {self.motion.end - now:.2f} s"
+        return self._set(f"{cmd.label}: {distance:.3f} m, {angle:.3f} rad{TAKES.format(self.motion.end - now)}"
                          f"{clamped}")
 
     def set_estop(self, engaged: bool) -> str:
