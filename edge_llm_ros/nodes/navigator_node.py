@@ -82,6 +82,8 @@ class NavigatorNode(ManagedNode):
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def load(self) -> str:
+        import numpy as np
+
         from edge_llm_ros.core import GenerationConfig, load_model
         from edge_llm_ros.core.draft_models import load_draft
         from edge_llm_ros.core.loading import set_threads
@@ -97,6 +99,8 @@ class NavigatorNode(ManagedNode):
         config = GenerationConfig(mode=p.mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
         self.navigator = Navigator(adapter, target, draft, config)
         self.poses = PoseHistory()
+        warm = self.navigator.decide(np.zeros((96, 128, 3), np.uint8), "go to the red chair")  # torch's first
+        self.get_logger().info(f"warmed up: a first decision (a blank frame) in {warm.decide_s:.2f} s")  # pass is slow
         trained = adapter.training_info.get("action_accuracy")
         how = "overlapped with motion (carried over by /odom)" if p.overlap else "stop-and-go"
         return (f"navigating with SmolLM2 + adapter {p.adapter or 'shipped'}"

@@ -484,6 +484,7 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
     from . import bag
 
     reader = bag.BagReader(args.path)
+    bag.require_topics(reader, dict(required_topic(text) for text in args.require or ()))
     publishers: dict[str, Any] = {}
     for topic, ros_type, _count, _fmt in reader.topics():
         if args.topics and topic not in args.topics:
@@ -504,6 +505,14 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
     count = bag.play(reader, publish, rate=args.rate, topics=set(publishers), loop=args.loop, stop=stop)
     print(f"[INFO] [bag play]: published {count} messages", file=sys.stderr, flush=True)
     return EXIT_OK
+
+
+def required_topic(text: str) -> tuple[str, str | None]:
+    """`--require` takes TOPIC or TOPIC:TYPE (a topic name has no ':')."""
+    topic, _, ros_type = text.partition(":")
+    if not topic.startswith("/"):
+        raise CliError(f"--require: expected /topic or /topic:pkg/msg/Type, got {text!r}")
+    return topic, (registry().check_message(ros_type) if ros_type else None)
 
 
 # ------------------------------------------------------------------ parser
@@ -627,6 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--topics", nargs="*")
     t.add_argument("-l", "--loop", action="store_true")
     t.add_argument("--wait-matching", type=float, default=3.0, help="seconds to wait for known subscribers to match")
+    t.add_argument("--require", nargs="+", metavar="TOPIC[:TYPE]",
+                   help="fail before publishing anything unless the bag has messages on these topics (of this type)")
     t.set_defaults(func=cmd_bag_play)
     return p
 

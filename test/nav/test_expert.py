@@ -50,6 +50,9 @@ def test_the_expert_reaches_other_targets_and_the_default_world():
     episode = rollout(world)
     check_episode(episode, world)
     assert episode.success and episode.steps[-1][1].reason.startswith("red chair ahead")
+    seen = rollout(world, camera_expert, max_steps=40)  # in sight through the door once it turns: no map needed
+    check_episode(seen, world)
+    assert seen.success, (seen.outcome, seen.touched)
 
 
 def test_an_episode_is_the_same_every_time():

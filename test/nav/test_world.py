@@ -29,7 +29,7 @@ def open_room(**start) -> World:
 def test_the_default_world_loads_and_survives_a_yaml_round_trip():
     world = World.from_yaml(DEFAULT)
     assert world.target_object.colour == (200, 30, 30) and world.target_object.radius == 0.3
-    assert world.start == Pose(1.2, 1.5, math.pi / 2)
+    assert world.start == Pose(2.2, 1.6, math.pi / 2)
     assert len(world.segments) == 4 + 2 + 4 and world.segment_names[4] == "wall 0"
     assert World.from_dict(yaml.safe_load(yaml.safe_dump(world.to_dict()))) == world
     assert "target red chair at (8.60, 1.60)" in world.summary()
@@ -61,9 +61,9 @@ def _set(path: str, value):
     (_set("objects.1.radius", True), "objects[1].radius: expected a number, got True"),
     (_set("objects.1.size", 2), "objects[1].size: unknown field"),
     (_set("objects.0.name", KeyError), "objects[0].name: missing"),
-    (_set("objects.2.position", [5.0, 1.0]), "objects[2] (orange chair).position: [5.0, 1.0] puts it into a wall"),
+    (_set("objects.2.position", [5.0, 4.0]), "objects[2] (orange chair).position: [5.0, 4.0] puts it into a wall"),
     (_set("target", "green chair"), "target: 'green chair' must name exactly one object"),
-    (_set("start.x", 0.1), "start: the robot (radius 0.3 m) at (0.1, 1.5) touches outer wall"),
+    (_set("start.x", 0.1), "start: the robot (radius 0.3 m) at (0.1, 1.6) touches outer wall"),
     (_set("start.yaw", 1.0), "start: give yaw_deg (degrees) or yaw (radians), not both"),
     (_set("start", [1, 2]), "start: expected a mapping"),
 ])
@@ -120,8 +120,8 @@ def test_clearance_and_line_of_sight():
     assert world.clearance(np.array([[1.2, 1.5]]))[0] == pytest.approx(1.2)  # the west wall is nearest
     assert world.clearance(np.array([[7.9, 3.7]]))[0] == 0.0  # inside the cupboard
     assert world.line_of_sight((2.0, 3.7), (8.0, 3.7)) is False  # through the cupboard
-    assert world.line_of_sight((2.0, 3.7), (6.0, 3.7)) is True  # through the door
-    assert world.line_of_sight((2.0, 1.5), (8.6, 1.6)) is False  # through the wall at x = 5
+    assert world.line_of_sight((2.0, 3.7), (6.0, 3.7)) is False  # through the wall at x = 5
+    assert world.line_of_sight((2.0, 1.5), (8.6, 1.6)) is True  # through the door, to the red chair
 
 
 def test_the_same_seed_draws_the_same_world_and_others_differ():

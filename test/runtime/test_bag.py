@@ -22,6 +22,7 @@ from edge_llm_ros.runtime.bag import (
     format_info,
     info,
     play,
+    require_topics,
 )
 from edge_llm_ros.runtime.interfaces import registry
 
@@ -454,3 +455,49 @@ def test_writer_finalises_bag_when_block_raises(tmp_path):
             bag.write("/x", 5, data)
             raise KeyboardInterrupt
     assert list(BagReader(tmp_path / "bag")) == [BagMessage("/x", "std_msgs/msg/String", 5, data)]
+
+
+# ------------------------------------------- replay inputs: required topics
+NAV_BAGS = Path(__file__).resolve().parents[1] / "data" / "nav_bags"  # python -m edge_llm_ros.tools.nav_bags
+
+
+def test_require_topics_names_the_missing_topic_its_type_and_the_bags_topics():
+    reader = BagReader(NAV_BAGS / "no_camera")
+    with pytest.raises(BagError) as raised:
+        require_topics(reader, {"/camera/image_raw": "sensor_msgs/Image", "/edge_llm/instruction": None})
+    assert str(raised.value) == (
+        f"bag '{NAV_BAGS / 'no_camera'}' has no /camera/image_raw (sensor_msgs/msg/Image); "
+        "its topics: /edge_llm/instruction (std_msgs/msg/String, 2 messages)")
+    require_topics(BagReader(NAV_BAGS / "search"),
+                   {"/camera/image_raw": "sensor_msgs/msg/Image", "/edge_llm/instruction": "std_msgs/msg/String"})
+
+
+def test_require_topics_refuses_another_type_and_an_empty_topic(tmp_path):
+    with BagWriter(tmp_path / "bag") as bag:
+        bag.add_topic("/camera/image_raw", "sensor_msgs/msg/CompressedImage")
+        bag.add_topic("/edge_llm/instruction", "std_msgs/msg/String")
+        bag.write("/camera/image_raw", 1, registry().serialize(registry().new("sensor_msgs/msg/CompressedImage")))
+    with pytest.raises(BagError, match=r"has /camera/image_raw as sensor_msgs/msg/CompressedImage, not "
+                                       r"sensor_msgs/msg/Image; no messages on /edge_llm/instruction; its topics: "):
+        require_topics(BagReader(tmp_path / "bag"),
+                       {"/camera/image_raw": "sensor_msgs/msg/Image", "/edge_llm/instruction": None})
+
+
+def test_zstd_chunks_read_back_everywhere(tmp_path):
+    frame = registry().new("sensor_msgs/msg/Image", height=96, width=128, encoding="rgb8", step=384,
+                           data=np.full(96 * 384, 7, dtype=np.uint8))
+    data = registry().serialize(frame)
+    with BagWriter(tmp_path / "bag", compression="zstd") as bag:
+        bag.add_topic("/camera/image_raw", "sensor_msgs/msg/Image")
+        for i in range(20):
+            bag.write("/camera/image_raw", i, data)
+    assert BagReader(tmp_path / "bag").size_bytes < len(data)  # 20 frames in less than one
+    assert [m.data for m in BagReader(tmp_path / "bag")] == [data] * 20
+    with RosbagsReader(tmp_path / "bag") as reader:
+        assert [bytes(raw) for _, _, raw in reader.messages()] == [data] * 20
+    with next((tmp_path / "bag").glob("*.mcap")).open("rb") as stream:
+        assert {c.compression for c in make_reader(stream).get_summary().chunk_indexes} == {"zstd"}
+    with pytest.raises(BagError, match="compresses MCAP chunks; storage 'sqlite3'"):
+        BagWriter(tmp_path / "db", storage="sqlite3", compression="zstd")
+    with pytest.raises(BagError, match="unknown compression 'lz5'"):
+        BagWriter(tmp_path / "lz", compression="lz5")

@@ -101,3 +101,20 @@ def test_record_then_replay_reproduces_responses(rt_session, router_endpoint, tm
         node.destroy_node()
     assert responses_by_instruction(replayed) == responses_by_instruction(recorded_chunks)
     assert [(c.round, c.text, c.done) for c in replayed] == [(c.round, c.text, c.done) for c in recorded_chunks]
+
+
+NAV_BAGS = Path(__file__).resolve().parents[1] / "data" / "nav_bags"  # python -m edge_llm_ros.tools.nav_bags
+
+
+def test_bag_play_require_fails_before_publishing_naming_the_missing_topic(router_endpoint):
+    bag = NAV_BAGS / "no_camera"
+    result = cli("bag", "play", str(bag), "--require", "/camera/image_raw:sensor_msgs/msg/Image",
+                 "/edge_llm/instruction:std_msgs/msg/String")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"edge-llm-ros bag play: error: bag '{bag}' has no /camera/image_raw (sensor_msgs/msg/Image); "
+        "its topics: /edge_llm/instruction (std_msgs/msg/String, 2 messages)")
+    assert "published" not in result.stderr
+
+    bad = cli("bag", "play", str(bag), "--require", "camera/image_raw")
+    assert bad.returncode == 2 and "--require: expected /topic or /topic:pkg/msg/Type" in bad.stderr, bad.stderr

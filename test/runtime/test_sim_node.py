@@ -165,7 +165,7 @@ def test_a_twist_moves_odom_and_the_robot_stops_when_commands_stop(sim):
     from edge_llm_ros.core.nav.world import World
 
     proc, probe = sim
-    start = World.from_yaml(WORLD).start  # (1.2, 1.5) facing +y, open ahead
+    start = World.from_yaml(WORLD).start  # (2.2, 1.6) facing +y, open ahead
     probe.reset(-1, start)
     probe.drive(0.5, 0.0, lambda: probe.odom().pose.pose.position.y > start.y + 0.3, 20, "/odom 0.3 m ahead")
     odom = probe.odom()
@@ -186,7 +186,7 @@ def test_driving_into_a_wall_stops_before_it_and_is_logged(sim):
     from edge_llm_ros.core.nav.world import ROBOT_RADIUS, World
 
     proc, probe = sim
-    start = World.from_yaml(WORLD).start  # 1.5 m north of the south wall
+    start = World.from_yaml(WORLD).start  # 1.6 m north of the south wall
     probe.reset(-1, start)
     probe.drive(-1.0, 0.0, lambda: any("collision: touched outer wall" in line for line in proc.lines), 20,
                 "the collision with the south wall")
