@@ -127,6 +127,17 @@ class RclpyHost:
 BACKENDS = ("zenoh", "rclpy")
 
 
+def latched(host: Any) -> Any:
+    """Transient-local QoS on the host's backend (a late subscriber gets the last message)."""
+    if host.backend == "rclpy":
+        from rclpy.qos import DurabilityPolicy, QoSProfile
+
+        return QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    from edge_llm_ros.nodes.common import latched_qos
+
+    return latched_qos()
+
+
 def host_for(request: Any, backend: str = "zenoh") -> Any:
     """The session's node host for ``backend`` (zenoh: the embedded backend), from conftest's fixtures."""
     if backend not in BACKENDS:

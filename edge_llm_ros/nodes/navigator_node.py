@@ -66,6 +66,7 @@ class NavigatorNode(ManagedNode):
         self.waiting = self.pending = None  # the episode's Waiting, and a decision not handed over yet
         self.handed, self.request_id, self.outcome = 0, "", ""
         self.schedule = None  # the episode's Overlap: when the next decision starts
+        self.awaiting_motion = False  # handed over; the bridge has not said how long the motion takes
         self.poses = None  # PoseHistory from /odom, by stamp (s)
         self.warned_odometry = False
         self.action_pub = self.create_publisher(self.NavAction, "nav_action", 10)

@@ -1,7 +1,7 @@
 """sim_node: the 2D simulator for the Go2 navigator (issue 15): a world, a kinematic Go2, its camera.
 
 The world is `world` (a YAML file, or the name of one in config/worlds/, e.g. `default`) or, with
-`world: ''`, the one core.nav.worldgen draws from `seed`. The robot (core.nav.world.Robot) follows
+`world: seeded` (or `''`), the one core.nav.worldgen draws from `seed`. The robot (core.nav.world.Robot) follows
 the latest `/cmd_vel` (geometry_msgs/Twist: linear.x forward, angular.z to the left, clamped to
 `max_speed_mps`, `max_turn_rps`), integrated `physics_hz` times a second; a command older than
 `cmd_timeout_s` stops it. A motion into a wall or an object stops before the contact, and the first
@@ -50,8 +50,9 @@ CUBE, CYLINDER, TEXT, DELETEALL = 1, 3, 9, 3  # visualization_msgs/Marker types 
 
 @dataclasses.dataclass(frozen=True)
 class SimParams:
-    world: str = param("", "world YAML: a path, or a name in config/worlds/ (e.g. 'default'); '' = drawn from seed")
-    seed: int = param(0, "the drawn world's seed (when world is '')", low=0, high=2 ** 31 - 1)
+    world: str = param("", "world YAML: a path, or a name in config/worlds/ (e.g. 'default'); 'seeded' (or '') = "
+                           "drawn from seed")
+    seed: int = param(0, "the drawn world's seed (when world is 'seeded')", low=0, high=2 ** 31 - 1)
     clear_path: bool = param(True, "drawn worlds have a straight way from the start to the target (as the "
                                    "navigator's training and evaluation worlds, edge-llm-ros train nav)")
     rate_hz: float = param(15.0, "camera frames per second on /camera/image_raw", low=10.0, high=30.0)
@@ -64,6 +65,9 @@ class SimParams:
                                  high=10.0)
     max_speed_mps: float = param(1.0, "|linear.x| is clamped to this", low=0.05, high=3.0)
     max_turn_rps: float = param(2.0, "|angular.z| is clamped to this", low=0.05, high=6.0)
+
+
+SEEDED = ("", "seeded")  # `world` values that draw the world from `seed` ('' cannot be a `ros2 launch` argument)
 
 
 def find_world(name: str) -> Path:
@@ -119,7 +123,7 @@ class SimNode(rt.Node):
 
     def load_world(self, seed: int) -> World:
         """World ``seed`` (>= 0) or the configured one (< 0); ValueError naming what is wrong."""
-        if seed < 0 and self.params.world:
+        if seed < 0 and self.params.world not in SEEDED:
             try:
                 return World.from_yaml(find_world(self.params.world))
             except WorldError as exc:

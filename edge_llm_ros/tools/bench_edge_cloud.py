@@ -57,8 +57,8 @@ from edge_llm_ros.core.llama_backend import llama_cpp_available
 from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 
 from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog, report_paths, write_report
-from .generate import Parser, one_line
+from .deployment import Deployment, EventLog, bench_main, report_paths
+from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
@@ -515,45 +515,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
+    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
+    args = build_parser().parse_args(argv)
+    rtts, bandwidths = _numbers(args.rtt, "--rtt"), _numbers(args.bandwidth, "--bandwidth")
+    if any(b == 0 for b in bandwidths):
+        raise ToolError("--bandwidth must be > 0 Mbit/s")
+    modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))
+    unknown = [m for m in modes if m not in (*MODES, "tree")]
+    if not modes or unknown:
+        raise ToolError(f"--modes: expected a subset of {','.join(MODES)},tree; got {args.modes!r}")
+    if not 1 <= args.prompts <= len(BENCH_PROMPTS):
+        raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)}, got {args.prompts}")
+    if args.gamma < 1:
+        raise ToolError(f"--gamma must be >= 1, got {args.gamma}")
+    max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
+    if max_new <= 0:
+        raise ToolError(f"--max-new-tokens must be > 0, got {max_new}")
+    json_path, png, log = report_paths(args)
+    prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
+    check_launch_args(args.set)
+    backends = draft_backends(args.draft_backends, args.draft, modes)
+    report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
+                          progress=not args.no_progress, launch_args=args.set, backends=backends,
+                          pin=args.pin)
+    return report, json_path, png
+
+
+def failures(report: dict) -> list[str]:
+    return [f"LOSSLESS FAILURE: {mm['mode']} (draft on {backend}, RTT {run['rtt_ms']:g} ms) differs from ar "
+            f"on prompt {mm['prompt']}"
+            for run in report["runs"]
+            for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"]))
+            for mm in result["mismatches"]]
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        args = build_parser().parse_args(argv)
-        rtts, bandwidths = _numbers(args.rtt, "--rtt"), _numbers(args.bandwidth, "--bandwidth")
-        if any(b == 0 for b in bandwidths):
-            raise ToolError("--bandwidth must be > 0 Mbit/s")
-        modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))
-        unknown = [m for m in modes if m not in (*MODES, "tree")]
-        if not modes or unknown:
-            raise ToolError(f"--modes: expected a subset of {','.join(MODES)},tree; got {args.modes!r}")
-        if not 1 <= args.prompts <= len(BENCH_PROMPTS):
-            raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)}, got {args.prompts}")
-        if args.gamma < 1:
-            raise ToolError(f"--gamma must be >= 1, got {args.gamma}")
-        max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
-        if max_new <= 0:
-            raise ToolError(f"--max-new-tokens must be > 0, got {max_new}")
-        json_path, png, log = report_paths(args)
-        prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
-        check_launch_args(args.set)
-        backends = draft_backends(args.draft_backends, args.draft, modes)
-        report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
-                              progress=not args.no_progress, launch_args=args.set, backends=backends,
-                              pin=args.pin)
-    except ToolError as exc:
-        text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
-        print(f"error: {text}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    write_report(report, format_table(report), out, err, json_path, png, plot)
-    for run in report["runs"]:
-        for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"])):
-            for mm in result["mismatches"]:
-                print(f"LOSSLESS FAILURE: {mm['mode']} (draft on {backend}, RTT {run['rtt_ms']:g} ms) differs from ar "
-                      f"on prompt {mm['prompt']}", file=err, flush=True)
-    return 0 if report["lossless"] else 1
+    return bench_main(argv, out, err, run, format_table, plot, failures)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .deployment import report_paths, write_report
-from .generate import Parser, one_line
+from .deployment import bench_main, report_paths
+from .generate import Parser
 from .loading import ToolError
 from .train_nav import seed_range
 
@@ -89,6 +89,9 @@ class Decisions:
 
 
 def load_navigators(modes: set[str], threads: int | None) -> dict:
+    """A warmed-up navigator per decoding mode, sharing the target, the draft and the adapter."""
+    import numpy as np
+
     from edge_llm_ros.core import GenerationConfig, load_model
     from edge_llm_ros.core.draft_models import load_draft
     from edge_llm_ros.core.loading import set_threads
@@ -99,9 +102,12 @@ def load_navigators(modes: set[str], threads: int | None) -> dict:
     target = load_model()
     adapter = NavAdapter.load(None, target)
     draft = load_draft(target, None).model if modes - {"ar"} else None
-    return {mode: Navigator(adapter, target, draft, GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS,
-                                                                     gamma=4))
-            for mode in sorted(modes)}
+    navigators = {mode: Navigator(adapter, target, draft, GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS,
+                                                                           gamma=4))
+                  for mode in sorted(modes)}
+    for navigator in navigators.values():  # torch's first passes are slow: not a decision to time
+        navigator.decide(np.zeros((96, 128, 3), np.uint8), INSTRUCTION)
+    return navigators
 
 
 def calibrate(decisions: Decisions, setup: Setup, link, frame_bytes: int) -> dict[str, float]:
@@ -353,24 +359,22 @@ def parse_setup(args) -> Setup:
                  args.max_actions, args.policy, args.decide_s)
 
 
+def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
+    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
+    args = build_parser().parse_args(argv)
+    setup = parse_setup(args)
+    json_path, png, _ = report_paths(args)
+    report = run_scenario(setup, args.threads, progress=not args.no_progress)
+    return report, json_path, png
+
+
+def failures(report: dict) -> list[str]:
+    return [f"LOSSLESS FAILURE: seed {mm['seed']} pose {mm['pose']}: ar says {mm['ar']!r}, {mm['mode']} {mm['answer']!r}"
+            for mm in report["mismatches"]]
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        args = build_parser().parse_args(argv)
-        setup = parse_setup(args)
-        json_path, png, _ = report_paths(args)
-        report = run_scenario(setup, args.threads, progress=not args.no_progress)
-    except ToolError as exc:
-        print(f"error: {one_line(exc)}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    write_report(report, format_table(report), out, err, json_path, png, plot)
-    for mm in report["mismatches"]:
-        print(f"LOSSLESS FAILURE: seed {mm['seed']} pose {mm['pose']}: ar says {mm['ar']!r}, {mm['mode']} "
-              f"{mm['answer']!r}", file=err, flush=True)
-    return 0 if report["lossless"] else 1
+    return bench_main(argv, out, err, run, format_table, plot, failures)
 
 
 if __name__ == "__main__":

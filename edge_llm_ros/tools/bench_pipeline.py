@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import TextIO
 
 from .bench import BUSY_CORES, LOSSLESS_MARK, CpuShare, fmt_value
-from .deployment import Deployment, EventLog, report_paths, write_report
-from .generate import Parser, one_line
+from .deployment import Deployment, EventLog, bench_main, report_paths
+from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
 
@@ -906,31 +906,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
+    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
+    args = build_parser().parse_args(argv)
+    links = link_settings(args.links)[: 1 if args.quick else None]
+    count = args.prompts or (QUICK_PROMPTS if args.quick else PROMPTS)
+    max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
+    if not 1 <= count <= len(BENCH_PROMPTS) or max_new < 1:
+        raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)} and --max-new-tokens >= 1")
+    json_path, png, log = report_paths(args)
+    report = run_scenario(list(BENCH_PROMPTS[:count]), links, max_new, min(count, PROJECTED_PROMPTS), log,
+                          progress=not args.no_progress, oracle=args.oracle)
+    return report, json_path, png
+
+
+def failures(report: dict) -> list[str]:
+    return [f"LOSSLESS FAILURE: {r['source']} {r['mode']} ({r['stages']} stages, {r['link']}) differs from the "
+            "engine's ar" for r in report["rows"] if r["lossless"] is False]
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        args = build_parser().parse_args(argv)
-        links = link_settings(args.links)[: 1 if args.quick else None]
-        count = args.prompts or (QUICK_PROMPTS if args.quick else PROMPTS)
-        max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
-        if not 1 <= count <= len(BENCH_PROMPTS) or max_new < 1:
-            raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)} and --max-new-tokens >= 1")
-        json_path, png, log = report_paths(args)
-        report = run_scenario(list(BENCH_PROMPTS[:count]), links, max_new, min(count, PROJECTED_PROMPTS), log,
-                              progress=not args.no_progress, oracle=args.oracle)
-    except ToolError as exc:
-        text = str(exc) if "\n" in str(exc) else one_line(exc)
-        print(f"error: {text}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    write_report(report, format_table(report), out, err, json_path, png, plot)
-    for r in report["rows"]:
-        if r["lossless"] is False:
-            print(f"LOSSLESS FAILURE: {r['source']} {r['mode']} ({r['stages']} stages, {r['link']}) differs from the "
-                  "engine's ar", file=err, flush=True)
-    return 0 if report["lossless"] else 1
+    return bench_main(argv, out, err, run, format_table, plot, failures)
 
 
 if __name__ == "__main__":

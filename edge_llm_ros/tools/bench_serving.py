@@ -45,7 +45,7 @@ from typing import TextIO
 from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
 from edge_llm_ros.core.device_profile import cpu_name
 
-from .deployment import Deployment, EventLog, report_paths, write_report
+from .deployment import Deployment, EventLog, bench_main, report_paths
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -584,50 +584,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        args = build_parser().parse_args(argv)
-        counts = client_counts(args.clients or ",".join(map(str, QUICK_CLIENTS if args.quick else CLIENTS)))
-        per_client, max_new = args.requests_per_client, args.max_new_tokens
-        if per_client is None:
-            per_client = QUICK_REQUESTS_PER_CLIENT if args.quick else REQUESTS_PER_CLIENT
-        if max_new is None:
-            max_new = QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS
-        if per_client < 1 or max_new < 1:
-            raise ToolError("--requests-per-client and --max-new-tokens must be >= 1")
-        threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
-        if threads < 1:
-            raise ToolError(f"--threads must be >= 1, got {threads}")
-        json_path, png, log = report_paths(args)
-        from edge_llm_ros.core.llama_backend import llama_cpp_available
-        from edge_llm_ros.core.models import _model_path
+def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
+    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
+    args = build_parser().parse_args(argv)
+    counts = client_counts(args.clients or ",".join(map(str, QUICK_CLIENTS if args.quick else CLIENTS)))
+    per_client, max_new = args.requests_per_client, args.max_new_tokens
+    if per_client is None:
+        per_client = QUICK_REQUESTS_PER_CLIENT if args.quick else REQUESTS_PER_CLIENT
+    if max_new is None:
+        max_new = QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS
+    if per_client < 1 or max_new < 1:
+        raise ToolError("--requests-per-client and --max-new-tokens must be >= 1")
+    threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
+    if threads < 1:
+        raise ToolError(f"--threads must be >= 1, got {threads}")
+    json_path, png, log = report_paths(args)
+    from edge_llm_ros.core.llama_backend import llama_cpp_available
+    from edge_llm_ros.core.models import _model_path
 
-        if not llama_cpp_available():
-            raise ToolError("the serving bench needs llama-cpp-python (make install builds it)")
-        try:
-            model = _model_path(args.model)
-        except FileNotFoundError as exc:
-            raise ToolError(str(exc)) from None
-        if model.suffix != ".gguf":
-            raise ToolError(f"--model must be a .gguf file, got {model}")
-        pipeline_plan([], [*([f"{MODEL_ARG}:={model}"] if args.model else []), *args.set])  # checked before loading
-        report = run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, log,
-                              progress=not args.no_progress)
-    except ToolError as exc:
-        text = str(exc) if "\n" in str(exc) else one_line(exc)  # a deployment failure shows the nodes' lines
-        print(f"error: {text}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    write_report(report, format_table(report), out, err, json_path, png, plot)
+    if not llama_cpp_available():
+        raise ToolError("the serving bench needs llama-cpp-python (make install builds it)")
+    try:
+        model = _model_path(args.model)
+    except FileNotFoundError as exc:
+        raise ToolError(str(exc)) from None
+    if model.suffix != ".gguf":
+        raise ToolError(f"--model must be a .gguf file, got {model}")
+    pipeline_plan([], [*([f"{MODEL_ARG}:={model}"] if args.model else []), *args.set])  # checked before loading
+    report = run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, log,
+                          progress=not args.no_progress)
+    return report, json_path, png
+
+
+def failures(report: dict) -> list[str]:
+    lines = []
     for run in report["runs"]:
         for bad in run["inexact"]:
             why = bad["error"] or f"differs from llama.cpp sequential at token {bad['first_difference']}"
-            print(f"NOT EXACT: {run['clients']} clients, client {bad['client']} request {bad['request']} "
-                  f"({bad['prompt']}): {why}", file=err, flush=True)
-    return 0 if report["exact"] else 1
+            lines.append(f"NOT EXACT: {run['clients']} clients, client {bad['client']} request {bad['request']} "
+                         f"({bad['prompt']}): {why}")
+    return lines
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    return bench_main(argv, out, err, run, format_table, plot, failures, verdict="exact")
 
 
 if __name__ == "__main__":

@@ -165,3 +165,28 @@ def write_report(report: dict, table: str, out, err, json_path: Path | None, png
             print(f"wrote {png}", file=err, flush=True)
         except ImportError:
             print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
+
+
+def bench_main(argv, out, err, run, format_table, plot, failures, verdict: str = "lossless") -> int:
+    """A bench's command line: ``run(argv)`` parses and runs it, returning (report, --json path,
+    --png path), or raises ToolError (exit 2, one line; a deployment failure shows the nodes' lines);
+    --help exits 0. Then the table on ``out``, the JSON and the PNG (write_report), each line of
+    ``failures(report)`` on ``err``, and exit 0 when ``report[verdict]`` holds, else 1."""
+    import sys
+
+    from edge_llm_ros.core.loading import one_line
+
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        report, json_path, png = run(argv)
+    except ToolError as exc:
+        text = str(exc) if "\n" in str(exc) else one_line(exc)
+        print(f"error: {text}", file=err, flush=True)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    write_report(report, format_table(report), out, err, json_path, png, plot)
+    for line in failures(report):
+        print(line, file=err, flush=True)
+    return 0 if report[verdict] else 1

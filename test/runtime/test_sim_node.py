@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hosts import BACKENDS, host_for
+from hosts import BACKENDS, host_for, latched
 from support import REPO, Proc, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes
@@ -35,17 +35,6 @@ WIDTH, HEIGHT, RATE = 96, 72, 20.0
 def sim_cmd(*params: str) -> list[str]:
     overrides = [arg for p in params for arg in ("-p", p)]
     return [sys.executable, "-m", "edge_llm_ros.nodes.sim_node", "--ros-args", "--params-file", PARAMS, *overrides]
-
-
-def latched(host):
-    """Transient-local QoS on the host's backend (a late subscriber gets the last message)."""
-    if host.backend == "rclpy":
-        from rclpy.qos import DurabilityPolicy, QoSProfile
-
-        return QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    from edge_llm_ros.nodes.common import latched_qos
-
-    return latched_qos()
 
 
 def yaw_of(odom) -> float:
