@@ -99,6 +99,8 @@ class SportOutput:
 
 
 class Go2BridgeNode(rt.Node):
+    single_threaded = True  # rclpy: its callbacks are light and frequent (runtime/ros.spin)
+
     def __init__(self) -> None:
         super().__init__("go2_bridge", namespace="edge_llm")
         self.params = declare(self, BridgeParams)

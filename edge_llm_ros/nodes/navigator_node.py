@@ -52,6 +52,8 @@ class NavigatorParams(ManagedParams):
 
 
 class NavigatorNode(ManagedNode):
+    single_threaded = True  # rclpy: its callbacks are light and frequent (runtime/ros.spin)
+
     def __init__(self) -> None:
         super().__init__("navigator", NavigatorParams)
         self.NavAction = rt.message("edge_llm_ros/msg/NavAction")

@@ -93,6 +93,8 @@ def quaternion(yaw: float) -> dict:
 
 
 class SimNode(rt.Node):
+    single_threaded = True  # rclpy: its callbacks are light and frequent (runtime/ros.spin)
+
     def __init__(self, **node_options) -> None:
         super().__init__("sim", **node_options)
         self.params = p = declare(self, SimParams)

@@ -5,8 +5,9 @@ and rclpy leaves to each application; these are the places where the two backend
 this module keeps them together:
 
 - Callbacks. The embedded backend runs subscription, timer and service callbacks one at a time
-  and each action goal on its own thread. Here :func:`spin` runs a MultiThreadedExecutor. The node's
-  default callback group is mutually exclusive, so those callbacks still run one at a time.
+  and each action goal on its own thread. Here :func:`spin` runs a MultiThreadedExecutor (a
+  single-threaded one for nodes that ask, `single_threaded`). The node's default callback group is
+  mutually exclusive, so those callbacks still run one at a time.
   :class:`ActionServer` puts goals in a reentrant group, and the executor gets one thread more per
   goal that may run at once (``max_goals``). So a goal that waits for messages (draft_node waits
   for `verify`) or for a cancel holds a thread of its own, as on the embedded backend, and the
@@ -31,7 +32,7 @@ import rclpy
 from rclpy.action import ActionServer as _RclpyActionServer
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn  # noqa: F401 - runtime's names
 from rclpy.node import Node as _RclpyNode
 from rclpy.parameter import Parameter
@@ -105,8 +106,17 @@ def shutdown() -> None:
 
 def spin(node: Node) -> None:
     """Run the node's callbacks until shutdown (module docstring: how): EXECUTOR_THREADS threads
-    for callbacks, plus one for each goal its action servers may run at once."""
-    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + getattr(node, "goal_threads", 0))
+    for callbacks, plus one for each goal its action servers may run at once. A node that sets
+    ``single_threaded`` (no action servers; all its callbacks in the default, mutually exclusive
+    group) gets rclpy's single-threaded executor instead, the same order without the
+    MultiThreadedExecutor's dispatching: under go2_sim's 50 Hz /odom and 15 Hz frames that held the
+    GIL so much that the navigator's worker thread decided in 2.4-11 s instead of 1.05 s (session
+    12). The other nodes keep it until they are measured: under the single-threaded executor, one
+    edge-cloud test under rclpy (duplicate and stale verify results) timed out in 2 of 6 runs."""
+    if getattr(node, "single_threaded", False):
+        executor = SingleThreadedExecutor()
+    else:
+        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + getattr(node, "goal_threads", 0))
     executor.add_node(node)
     try:
         executor.spin()
