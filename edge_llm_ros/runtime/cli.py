@@ -367,17 +367,19 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
     print(f"Sending goal:\n     {message_to_yaml(goal)}", flush=True)  # ros2's indent, on the first line only
     streaming = [False]
     failed = threading.Event()  # no more streamed text once the error line is due
+    output = threading.Lock()  # a feedback being written, or the error line's newline: one at a time
 
     def on_feedback(fb_msg: Any) -> None:
-        if failed.is_set():
-            return
-        fb = fb_msg.feedback
-        if hasattr(fb, "text_delta"):  # stream text as it comes, like a chat client
-            sys.stdout.write(fb.text_delta)
-            sys.stdout.flush()
-            streaming[0] = True
-        elif args.feedback:
-            print(f"Feedback:\n    {message_to_yaml(fb)}", flush=True)
+        with output:
+            if failed.is_set():
+                return
+            fb = fb_msg.feedback
+            if hasattr(fb, "text_delta"):  # stream text as it comes, like a chat client
+                sys.stdout.write(fb.text_delta)
+                sys.stdout.flush()
+                streaming[0] = True
+            elif args.feedback:
+                print(f"Feedback:\n    {message_to_yaml(fb)}", flush=True)
 
     try:
         handle = client.send_goal_async(goal, on_feedback).result(args.timeout + 5)
@@ -394,9 +396,10 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
                 stop.clear()
         response = result_future.result()
     except (TimeoutError, RuntimeError) as exc:  # no answer in time, the server went away, the goal call failed
-        failed.set()
-        if streaming[0]:
-            print(flush=True)  # end the streamed text's line
+        with output:  # a feedback written meanwhile would glue its text to the error line (CI, session 12)
+            failed.set()
+            if streaming[0]:
+                print(flush=True)  # end the streamed text's line
         raise CliError(str(exc), EXIT_FAIL) from exc
     if streaming[0]:
         print("\n")

@@ -96,8 +96,8 @@ def decision_start(handed_at: float, motion_end: float, lead_s: float, into: flo
 
 class Overlap:
     """One episode's overlapped schedule, for navigator_node and the timed simulator (core/nav/
-    episode.py) alike: when the next decision starts (`start_at`), and how a decision is carried
-    over to the pose the robot is at when it is handed over (`carry`)."""
+    episode.py) alike: when the next decision starts (`start_at`). Both carry a decision over to
+    the pose at its hand-over with `reanchor`."""
 
     def __init__(self, lead: Lead | None = None, into: float = 0.5) -> None:
         self.lead = lead or Lead()
