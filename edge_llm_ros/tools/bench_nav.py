@@ -165,7 +165,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
                     config = EpisodeConfig(overlap=schedule == "overlap", max_actions=setup.max_actions)
                     episodes[seed] = run_episode(world, decide, config)
                     bar.update(1)
-                runs.append(summarize(name, d, schedule, episodes, timings, name == planned))
+                runs.append(summarize(name, d, schedule, episodes, timings, name == planned, worlds))
     report = {
         "scenario": "nav",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -191,7 +191,8 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
     return report
 
 
-def summarize(name: str, deployment, schedule: str, episodes: dict, timings: list[float], planned: bool) -> dict:
+def summarize(name: str, deployment, schedule: str, episodes: dict, timings: list[float], planned: bool,
+              worlds: dict) -> dict:
     from edge_llm_ros.core.nav.world import body_gap
 
     values = list(episodes.values())
@@ -217,17 +218,11 @@ def summarize(name: str, deployment, schedule: str, episodes: dict, timings: lis
         "decision_s": mean(timings),
         "episodes": {seed: {"outcome": e.outcome, "touched": e.touched, "time_s": round(e.time_s, 2),
                             "waiting_s": round(e.waiting.total_s, 2), "actions": e.actions,
-                            "final_gap_m": round(body_gap(e.final, world_target(seed)), 3)}
+                            "final_gap_m": round(body_gap(e.final, worlds[seed].target_object), 3)}
                      for seed, e in episodes.items()},
         "trajectories": {seed: [[round(x, 3), round(y, 3)] for _, x, y in e.trajectory[::4]] + [[e.final.x, e.final.y]]
                          for seed, e in episodes.items()},
     }
-
-
-def world_target(seed: int):
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
-
-    return generate(seed, GenerateConfig(clear_path=True)).target_object
 
 
 def ratios(runs: list[dict], planned: str) -> dict:
