@@ -273,7 +273,7 @@ class ActionClient:
 
         Two signs of that: the GetResult query ends unanswered long before its
         RESULT_WAIT_S (Zenoh drops a query whose queryable's session closed),
-        or the server's get_result service leaves the graph (_watch_server).
+        or the server's get_result service token leaves the graph.
         """
         request = registry().new(self.spec.get_result.request, goal_id=_uuid_msg(goal_id))
         gone = ServerGoneError(f"action server {self.name} went away while goal {goal_id.hex()} was running")
@@ -289,18 +289,9 @@ class ActionClient:
             else:
                 result.set_exception(exc)
 
+        self._result_client.fail_when_servers_leave(result, gone)
         self._result_client.call_async(request, timeout_sec=RESULT_WAIT_S).add_done_callback(relay)
-        threading.Thread(target=self._watch_server, args=(result, gone), daemon=True, name="result watch").start()
         return result
-
-    def _watch_server(self, future: Future, gone: ServerGoneError, period: float = 0.5) -> None:
-        """Fail a pending result when the server's get_result service leaves the graph (a dead peer)."""
-        misses = 0
-        while not future.wait(period):
-            misses = 0 if self._result_client.service_is_ready() else misses + 1
-            if misses >= 2:
-                future.set_exception(gone)
-                return
 
     def _cancel(self, goal_id: bytes) -> Future:
         info = registry().new("action_msgs/msg/GoalInfo", goal_id=_uuid_msg(goal_id))

@@ -552,6 +552,41 @@ class Client(_Endpoint):
         self.srv = registry().service(srv_name)
         self.srv_name = name
         self._announce()
+        self._servers: set[str] = set()  # liveliness keys of this service's servers, once watched
+        self._pending: list[tuple[Future, BaseException]] = []  # futures to fail when the servers leave
+        self._watch = None
+        self._watch_lock = threading.Lock()
+
+    def fail_when_servers_leave(self, future: Future, exc: BaseException) -> None:
+        """Fail `future` with `exc` if, before it is done, a server of this service leaves and none is left.
+
+        Event-driven, as rmw_zenoh's graph cache is: a liveliness subscriber
+        sees the server's token deleted, which the router does at once when
+        the server's session closes or its link drops (a killed process), or
+        when its lease runs out. Polling graph snapshots instead misreads a
+        slow snapshot on a loaded machine as a dead server.
+        """
+        with self._watch_lock:
+            self._pending = [(f, e) for f, e in self._pending if not f.done()] + [(future, exc)]
+            if self._watch is None:
+                self._watch = self.node.context.session.liveliness().declare_subscriber(
+                    f"{graph.ADMIN_SPACE}/{self.node.context.domain_id}/**", self._on_token, history=True)
+
+    def _on_token(self, sample: zenoh.Sample) -> None:
+        entry = graph.parse_token(str(sample.key_expr))
+        if entry is None or entry.kind != "SS" or entry.name != self.srv_name:
+            return
+        key = str(sample.key_expr)
+        with self._watch_lock:
+            if sample.kind == zenoh.SampleKind.PUT:
+                self._servers.add(key)
+                return
+            self._servers.discard(key)
+            if self._servers:
+                return
+            pending, self._pending = self._pending, []
+        for future, exc in pending:
+            future.set_exception(exc)
 
     def service_is_ready(self) -> bool:
         return any(e.kind == "SS" and e.name == self.srv_name for e in self.node.graph())
@@ -594,6 +629,13 @@ class Client(_Endpoint):
     def call(self, request: Any, timeout_sec: float = 10.0) -> Any:
         """Blocking call; raises ServiceTimeoutError when no server answers in time."""
         return self.call_async(request, timeout_sec).result(timeout_sec + 5.0)
+
+    def destroy(self) -> None:
+        with self._watch_lock:
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.undeclare()
+        super().destroy()
 
 
 class Timer:

@@ -131,6 +131,28 @@ def test_action_cancel(rt_session, peer):
     node.destroy_node()
 
 
+def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
+    """A result wait fails only when the server's token is deleted, never because a graph snapshot came
+    back without it (on a loaded machine one can: CI once saw a live server declared gone mid-goal)."""
+    from edge_llm_ros import runtime as rtf
+
+    rt = rt_session
+    node = rt.Node("snapshot_test", namespace="rt_test")
+    Generate = rtf.action("edge_llm_ros/action/Generate")
+    client = rtf.ActionClient(node, Generate, "generate")
+    assert client.wait_for_server(20)
+    seen: list[int] = []
+    handle = client.send_goal_async(Generate.Goal(prompt="hold"),
+                                    lambda fb: seen.append(int(fb.feedback.token_ids[0]))).result(20)
+    result = handle.get_result_async()
+    node.graph = lambda timeout=2.0: []  # every snapshot from now on misses the server
+    wait_until(lambda: len(seen) >= 250 or result.done(), 30, "2.5 s of feedback")
+    assert not result.done(), f"the wait ended while the server lived: {result.exception()!r}"
+    assert handle.cancel_goal_async().result(20).return_code == 0
+    assert result.result(30).status == 5  # CANCELED
+    node.destroy_node()
+
+
 def test_service_without_server_times_out_clearly(rt_session):
     from edge_llm_ros import runtime as rtf
 
