@@ -110,6 +110,76 @@ class Future:
         return self._event.wait(timeout)
 
 
+# ---------------------------------------------------------------------- graph
+class GraphCache:
+    """This process's view of the ROS graph, kept current as rmw_zenoh's graph cache is: one
+    liveliness subscriber on every token of the domain. A token arrives as a PUT when it is
+    declared (or was already there: the subscriber's history) and leaves as a DELETE when it is
+    undeclared, or when the router drops it (its session closed, its link broke, its lease ran
+    out). Queries read the cache; nothing asks the router, so a loaded machine cannot make a live
+    peer look absent (a slow snapshot once did)."""
+
+    def __init__(self, session: zenoh.Session, domain_id: int) -> None:
+        self.started = time.monotonic()
+        self._session, self._key = session, f"{graph.ADMIN_SPACE}/{domain_id}/**"
+        self._entries: dict[str, graph.GraphEntry] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[graph.GraphEntry, bool], None]] = []
+        self._queries = 0  # liveliness queries under way
+        self._deleted: set[str] = set()  # tokens deleted while one was
+        self._sub = session.liveliness().declare_subscriber(self._key, self._on_token, history=True)
+
+    def _on_token(self, sample: zenoh.Sample) -> None:
+        key = str(sample.key_expr)
+        entry = graph.parse_token(key)
+        if entry is None:
+            return
+        alive = sample.kind == zenoh.SampleKind.PUT
+        with self._lock:
+            if alive:
+                self._entries[key] = entry
+                self._deleted.discard(key)
+            else:
+                self._entries.pop(key, None)
+                if self._queries:
+                    self._deleted.add(key)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(entry, alive)
+
+    def query(self, timeout: float) -> None:
+        """Ask the router for every token at once and add them (the subscriber's history brings them
+        too, but one by one); a token deleted meanwhile is not brought back."""
+        with self._lock:
+            self._queries += 1
+        found = {}
+        try:
+            for reply in self._session.liveliness().get(self._key, timeout=timeout):
+                if reply.ok is not None and (entry := graph.parse_token(str(reply.ok.key_expr))) is not None:
+                    found[str(reply.ok.key_expr)] = entry
+        finally:
+            with self._lock:
+                self._queries -= 1
+                self._entries.update({k: e for k, e in found.items() if k not in self._deleted})
+                if not self._queries:
+                    self._deleted.clear()
+    
+    def entries(self) -> list[graph.GraphEntry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def listen(self, listener: Callable[[graph.GraphEntry, bool], None]) -> Callable[[], None]:
+        """Call ``listener(entry, alive)`` on every token that comes or goes; returns the undo."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+        return remove
+
+
 # -------------------------------------------------------------------- context
 class Context:
     """One per process: the Zenoh session, the executor queue and shutdown state."""
@@ -124,6 +194,7 @@ class Context:
         self.session = zenoh.open(_session_config(endpoint))
         self.zid = str(self.session.info.zid())
         self._wait_for_router(endpoint, ROUTER_WAIT_S)
+        self.graph = GraphCache(self.session, self.domain_id)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.shutdown_event = threading.Event()
         self._ids = itertools.count()
@@ -552,38 +623,24 @@ class Client(_Endpoint):
         self.srv = registry().service(srv_name)
         self.srv_name = name
         self._announce()
-        self._servers: set[str] = set()  # liveliness keys of this service's servers, once watched
         self._pending: list[tuple[Future, BaseException]] = []  # futures to fail when the servers leave
-        self._watch = None
-        self._watch_lock = threading.Lock()
+        self._unlisten: Callable[[], None] | None = None
+        self._pending_lock = threading.Lock()
 
     def fail_when_servers_leave(self, future: Future, exc: BaseException) -> None:
-        """Fail `future` with `exc` if, before it is done, a server of this service leaves and none is left.
-
-        Event-driven, as rmw_zenoh's graph cache is: a liveliness subscriber
-        sees the server's token deleted, which the router does at once when
-        the server's session closes or its link drops (a killed process), or
-        when its lease runs out. Polling graph snapshots instead misreads a
-        slow snapshot on a loaded machine as a dead server.
-        """
-        with self._watch_lock:
+        """Fail `future` with `exc` if, before it is done, a server of this service leaves the graph
+        and none is left (its token deleted: see GraphCache; a killed server's goes at once)."""
+        with self._pending_lock:
             self._pending = [(f, e) for f, e in self._pending if not f.done()] + [(future, exc)]
-            if self._watch is None:
-                self._watch = self.node.context.session.liveliness().declare_subscriber(
-                    f"{graph.ADMIN_SPACE}/{self.node.context.domain_id}/**", self._on_token, history=True)
+            if self._unlisten is None:
+                self._unlisten = self.node.context.graph.listen(self._on_token)
 
-    def _on_token(self, sample: zenoh.Sample) -> None:
-        entry = graph.parse_token(str(sample.key_expr))
-        if entry is None or entry.kind != "SS" or entry.name != self.srv_name:
+    def _on_token(self, entry: graph.GraphEntry, alive: bool) -> None:
+        if alive or entry.kind != "SS" or entry.name != self.srv_name:
             return
-        key = str(sample.key_expr)
-        with self._watch_lock:
-            if sample.kind == zenoh.SampleKind.PUT:
-                self._servers.add(key)
-                return
-            self._servers.discard(key)
-            if self._servers:
-                return
+        if any(e.kind == "SS" and e.name == self.srv_name for e in self.node.context.graph.entries()):
+            return  # another server of it is still there
+        with self._pending_lock:
             pending, self._pending = self._pending, []
         for future, exc in pending:
             future.set_exception(exc)
@@ -631,10 +688,10 @@ class Client(_Endpoint):
         return self.call_async(request, timeout_sec).result(timeout_sec + 5.0)
 
     def destroy(self) -> None:
-        with self._watch_lock:
-            watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.undeclare()
+        with self._pending_lock:
+            unlisten, self._unlisten = self._unlisten, None
+        if unlisten is not None:
+            unlisten()
         super().destroy()
 
 
@@ -765,27 +822,23 @@ class Node:
 
     # graph
     def graph(self, timeout: float = 2.0) -> list[graph.GraphEntry]:
-        """All liveliness tokens currently in the system, parsed.
+        """All liveliness tokens currently in the system, parsed (the context's GraphCache).
 
-        A snapshot taken right after this session joined can hold only its
-        own (local) tokens; it is retried until it shows another session's
-        token, or until `timeout` (an otherwise empty system).
+        Within `timeout` of the session's start the cache may hold only this
+        process's own tokens, or some of the others (its history comes one
+        token at a time): then the router is asked for all at once, again until
+        another session's token is in or that time is up (an otherwise empty
+        system). Later it answers from the cache at once.
         """
-        deadline = time.monotonic() + timeout
+        cache, zid = self.context.graph, self.context.zid
+        deadline = cache.started + timeout
         while True:
-            entries = self._graph_snapshot(timeout)
-            if any(e.zid != self.context.zid for e in entries) or time.monotonic() >= deadline:
+            entries = cache.entries()
+            if any(e.zid != zid for e in entries) or time.monotonic() >= deadline:
                 return entries
-            time.sleep(0.05)
-
-    def _graph_snapshot(self, timeout: float) -> list[graph.GraphEntry]:
-        entries = []
-        for reply in self.context.session.liveliness().get(f"{graph.ADMIN_SPACE}/{self.context.domain_id}/**", timeout=timeout):
-            if reply.ok is not None:
-                entry = graph.parse_token(str(reply.ok.key_expr))
-                if entry is not None:
-                    entries.append(entry)
-        return entries
+            cache.query(max(0.05, deadline - time.monotonic()))
+            if not any(e.zid != zid for e in cache.entries()):
+                time.sleep(0.05)
 
     def get_node_names_and_namespaces(self) -> list[tuple[str, str]]:
         return sorted({(e.node_name, e.node_namespace) for e in self.graph() if e.kind == "NN"})

@@ -160,8 +160,12 @@ class Fleet:
         def on_feedback(_msg) -> None:
             run.first_feedback.set()
 
-        handle = self.clients[client % len(self.clients)].send_goal_async(
-            self.Generate.Goal(prompt=prompt, **goal), on_feedback).result(30.0)
+        try:
+            handle = self.clients[client % len(self.clients)].send_goal_async(
+                self.Generate.Goal(prompt=prompt, **goal), on_feedback).result(30.0)
+        except Exception as exc:  # no server took the goal (one still leaving the graph, or not up yet)
+            run.error, run.wall_s = one_line(exc), time.monotonic() - start
+            return run, None
         run.accepted = bool(handle.accepted)
         run.wall_s = time.monotonic() - start
         if not run.accepted:
@@ -340,7 +344,8 @@ def overload_phase(fleet: Fleet, references: References, goals: int, goal_deadli
         "goals": goals,
         "clients": len(fleet.clients),
         "accepted": len(accepted),
-        "refused_busy": len(runs) - len(accepted),
+        "refused_busy": sum(not r.accepted and not r.error for r in runs),
+        "unsent": [r.error for r in runs if r.error and not r.accepted],
         "exact": sum(exact(r, references) for r in accepted),
         "hangs": sum(r.hung for r in accepted),
         "failed": [{"status": r.status, "reason": r.reason, "error": r.error} for r in accepted
