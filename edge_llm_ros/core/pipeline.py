@@ -13,8 +13,9 @@ Modes, all lossless for greedy decoding (every committed token is the target's c
 whose visible context is exactly the committed tokens before it):
 
 * :class:`PipelineAR`: the naive pipeline; one row in flight, every stage but one idle.
-* :class:`ChunkPP`: FlowSpec's baseline: a draft tree verified as one chunk through every stage,
-  then the next round.
+* :class:`ChunkPP`: FlowSpec's baseline: a draft tree sent through every stage as chunks back
+  to back (the segment's size, as FlowSpec's §V-A sets every method alike), verified once all
+  are back, then the next round.
 * :class:`FlowSpec` (§III): score-ordered draft segments in flight back to back. Each returning
   segment is a continuous SD step: accept what the target confirmed, keep the new root and its
   subtree (prune, §III-C), expand the tree (context-aware with a new tree from the new root when
@@ -225,14 +226,23 @@ def walk(tokens: Sequence[int], children: Sequence[Sequence[int]], choices: Sequ
 
 
 class ChunkPP(Scheduler):
-    """A draft tree (``spec``) verified as one chunk: root and nodes in one message per round."""
+    """FlowSpec's baseline (§V-A; Sarathi's chunking): each round's draft tree (``spec``), root
+    first, goes through the stages as chunks of ``chunk`` rows sent back to back (0: the whole tree
+    in one message). Nothing is pruned or added while they are on their way; once every chunk is
+    back the accepted path is committed, the rest pruned, and the next round drafted. Every chunk's
+    answer is a pipeline turn."""
 
     mode = "chunk_pp"
 
-    def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, spec: TreeSpec, **kwargs) -> None:
+    def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, spec: TreeSpec, chunk: int = 0,
+                 **kwargs) -> None:
         super().__init__(request_id, prompt, **kwargs)
-        self.drafter, self.spec = drafter, spec
+        if chunk < 0:
+            raise ValueError(f"chunk must be >= 0 rows (0: the whole tree), got {chunk}")
+        self.drafter, self.spec, self.chunk = drafter, spec, chunk
         self.tree: TokenTree | None = None
+        self.choices: list[int | None] = []  # the target's token after each row of the round, as answered
+        self.due = 0  # chunks of the round not answered yet
         self.round_prefix = 0
 
     def begin(self, actions: Actions) -> None:
@@ -246,14 +256,25 @@ class ChunkPP(Scheduler):
         self.tree = tree = self.drafter.propose(self.context, self.spec, Sampler(0.0))
         self.rounds += 1
         at = self.round_prefix = len(self.context) - 1
-        actions.inject.append(self.rows(torch.tensor(tree.tokens), tree.position_ids(at), at, 0,
-                                        tree.ancestor_matrix()))
+        n = len(tree.tokens)
+        size = self.chunk or n
+        positions, visible = tree.position_ids(at), tree.ancestor_matrix()  # parents precede children
+        self.choices, self.due = [None] * n, -(-n // size)
+        for first in range(0, n, size):
+            end = min(first + size, n)
+            actions.inject.append(self.rows(torch.tensor(tree.tokens[first:end]), positions[first:end], at, first,
+                                            visible[first:end, :end]))
 
     def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+        for offset, choice in enumerate(rows.data.tolist()):
+            self.choices[rows.first_row + offset] = int(choice)
+        self.due -= 1
+        if self.due:
+            return
         tree = self.tree
-        path, stop = walk(tree.tokens, tree.children, rows.data.tolist())
+        path, stop = walk(tree.tokens, tree.children, self.choices)
         at = len(self.context) - 1
-        self.commit([tree.tokens[n] for n in path] + [int(rows.data[stop])], actions)
+        self.commit([tree.tokens[n] for n in path] + [self.choices[stop]], actions)
         if not self.finished:
             self.prune(at, [0, *path], 1 + len(path), actions)
             self.draft(actions)

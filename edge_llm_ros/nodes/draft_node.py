@@ -29,8 +29,8 @@ drafters. With `autostart` (the default) it goes to active by itself.
 
 Stage pipeline (issue 14): with `layers` set (every stage's decoder layers) the node is FlowSpec's
 D0 in front of those stage_nodes (launch/stages.launch.py) instead of a verifier: modes `flowspec` (continuous
-pipelined speculative decoding), `chunk_pp` (a draft tree verified as one chunk through the
-stages) and `ar` (the naive pipeline), greedy only, all lossless; the prompt enters in chunks of
+pipelined speculative decoding), `chunk_pp` (a draft tree sent through the stages in chunks of
+`segment` rows back to back, verified once all are back: FlowSpec's baseline) and `ar` (the naive pipeline), greedy only, all lossless; the prompt enters in chunks of
 `prefill_chunk` tokens back to back (Jupiter's pipelined prefill). See nodes/stage_client.py.
 
 Parameters: DraftParams below, all read-only (a change needs a restart).

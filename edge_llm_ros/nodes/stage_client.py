@@ -137,7 +137,8 @@ def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *
     """The core.pipeline scheduler of ``mode`` for one request: the prompt (its first ``cached``
     tokens forked from request ``fork_from``) in chunks of ``prefill_chunk`` tokens (0: one chunk);
     FlowSpec with ``segment`` rows a segment and up to ``in_flight`` segments on their way;
-    Chunk-PP verifying FlowSpec's initial tree as one chunk."""
+    Chunk-PP sending FlowSpec's initial tree in chunks of ``segment`` rows (FlowSpec §V-A: one
+    setting for every method)."""
     from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
 
     rest = len(prompt) - cached
@@ -148,7 +149,7 @@ def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *
     if mode == "flowspec":
         return FlowSpec(request_id, prompt, drafter, shape, **common)
     if mode == "chunk_pp":
-        return ChunkPP(request_id, prompt, drafter, shape.tree(shape.init_depth, shape.init_size), **common)
+        return ChunkPP(request_id, prompt, drafter, shape.tree(shape.init_depth, shape.init_size), segment, **common)
     return PipelineAR(request_id, prompt, **common)
 
 

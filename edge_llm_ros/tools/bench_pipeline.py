@@ -761,7 +761,8 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
             "simulated: D0's start -> first token (no action, tokenizer or feedback hop)",
             "ALT: tokens per pipeline turn (an answer of the last stage while decoding), ALR: tokens per SD round, "
             "both without the first token (FlowSpec §V-A); measured from draft_node's line per request; ar has no "
-            "rounds (ALR null). chunk_pp here sends the whole tree as one message, so its ALT equals its ALR",
+            "rounds (ALR null). chunk_pp sends each round's tree in chunks of the segment's rows (FlowSpec §V-A: one "
+            "setting for every method); every chunk's answer is a turn",
             "simulated rows: core.pipesim.simulate, the same schedulers and stages in this process; the 4 and 8 "
             "stage rows take their costs from the papers (projection.inputs, every number cited) and SmolLM2's "
             "tokens and acceptance (its target and draft ran in the simulator)",

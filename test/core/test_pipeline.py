@@ -34,7 +34,7 @@ def schedulers(prompt, drafter, new_tokens, chunks):
     kw = dict(max_new_tokens=new_tokens, prefill_chunks=chunks)
     return {"ar": PipelineAR("ar", prompt, **kw),
             "chunk_pp": ChunkPP("chunk_pp", prompt, CountingDrafter(drafter), TreeSpec(depth=4, branch=2, expand=2,
-                                                                                      width=8), **kw),
+                                                                                      width=8), 3, **kw),
             "flowspec": FlowSpec("flowspec", prompt, CountingDrafter(drafter),
                                  FlowSpecShape(init_depth=4, init_size=12, branch=2, expand_depth=3, expand_size=6,
                                                segment=4, in_flight=3), **kw)}
@@ -59,6 +59,29 @@ def test_every_mode_through_stages_commits_the_targets_greedy_tokens_on_a_tiny_m
         assert timeline.tokens == expected, mode
         assert timeline.times == sorted(timeline.times) and timeline.ttft_s > 0
     assert scheduler.rounds > 1 and scheduler.prunes  # flowspec: rounds ended, rows were pruned
+
+
+def test_chunk_pp_in_chunks_commits_what_one_message_does_one_turn_per_chunk(tiny_folder):
+    """Chunk-PP as FlowSpec's §V-A runs it (the tree in chunks of the segment's rows, back to back)
+    verifies the same trees as the whole tree in one message: same tokens, same rounds; every
+    chunk's answer is a turn."""
+    target = load_model(tiny_folder, with_tokenizer=False)
+    prompt = [3, 17, 22, 9, 41, 5, 30, 12, 7]
+    drafter = ModelDrafter(target.truncated(2))
+    spec = TreeSpec(depth=4, branch=2, expand=2, width=8)
+    runs = {}
+    for chunk in (0, 3):
+        scheduler = ChunkPP("c", prompt, CountingDrafter(drafter), spec, chunk, max_new_tokens=30)
+        sizes = []
+        draft = scheduler.draft
+        scheduler.draft = lambda actions, s=scheduler, d=draft, sizes=sizes: (d(actions), sizes.append(len(s.tree.tokens)))
+        runs[chunk] = simulate(scheduler, stages_of(tiny_folder, [0, 2, 5]), UNIT), scheduler, sizes
+    (whole, one, sizes), (chunked, many, chunked_sizes) = runs[0], runs[3]
+    assert chunked.tokens == whole.tokens and many.rounds == one.rounds > 3 and chunked_sizes == sizes
+    assert one.turns == one.rounds
+    assert many.turns == sum(-(-n // 3) for n in sizes) > one.turns
+    with pytest.raises(ValueError, match="chunk must be >= 0"):
+        ChunkPP("c", prompt, drafter, spec, -1, max_new_tokens=4)
 
 
 def test_stage_caches_hold_prompt_plus_accepted_tokens_and_pruned_rows_go_no_further(tiny_folder):

@@ -58,7 +58,8 @@ def test_the_predictions_are_the_models_in_the_docstring_worked_by_hand():
     assert plan.layers == "0-2,3-3" and [s.seconds for s in plan.stages] == pytest.approx([4e-3, 4e-3])
     got = {p.mode: p.tokens_per_s for p in plan.predictions}
     assert got["ar"] == pytest.approx(1 / 8e-3)  # one row round the 8 ms loop
-    assert got["chunk_pp"] == pytest.approx(3.0 / (8e-3 + 6e-3))  # τ(24) per loop + 6 draft levels
+    # τ(24) a round: 25 rows in 4 chunks of 8, the loop and 3 more at the slowest stage, + 6 draft levels
+    assert got["chunk_pp"] == pytest.approx(3.0 / (8e-3 + 3 * 4e-3 + 6e-3))
     # 8-row segments, 3 in flight: a turn every max(4, 4, (8 + 4) / 3) = 4 ms; τ(24) = 3 per 3 turns
     assert (plan.mode, plan.segment, plan.in_flight, got["flowspec"]) == ("flowspec", 8, 3, pytest.approx(250.0))
     assert [p.tokens_per_s for p in plan.predictions] == sorted(got.values(), reverse=True)

@@ -152,7 +152,8 @@ class PipelinePlan:
     def candidates(self) -> list[str]:
         """Each mode's prediction in a few words, fastest first (srv/Plan's candidates)."""
         shapes = {"flowspec": f", segment {self.segment}, {self.in_flight} in flight",
-                  "chunk_pp": f", a {FlowSpecShape().init_size}-node tree a round", "ar": ""}
+                  "chunk_pp": f", a {FlowSpecShape().init_size}-node tree a round in chunks of {self.segment}",
+                  "ar": ""}
         return [f"{p.mode}{shapes.get(p.mode, '')} on {len(self.stages)} stages" for p in self.predictions]
 
     def record(self) -> dict:

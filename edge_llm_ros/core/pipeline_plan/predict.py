@@ -13,8 +13,9 @@ slowest stage and L(T) the sum over stages (one message's loop back to D0), d a 
 tree level) on D0 and τ(W) the tokens a verification of a W-node draft tree yields:
 
 * ``ar`` (the naive pipeline): 1 / L(1), one row in flight;
-* ``chunk_pp`` (FlowSpec's baseline): τ(W) / (L(W + 1) + depth · d), FlowSpec's initial tree
-  of W nodes verified as one chunk per round;
+* ``chunk_pp`` (FlowSpec's baseline): τ(W) / (L(S) + (k - 1) · P(S) + depth · d), FlowSpec's
+  initial tree of W nodes and its root sent as k = ⌈(W + 1) / S⌉ chunks of the segment's S rows
+  back to back (FlowSpec §V-A: one setting for every method), verified once all are back;
 * ``flowspec`` (§III): F segments of S rows in flight, D0 expanding the tree on every answer:
   a turn every max(P(S), e · d, (L(S) + e · d) / F) (e: the expansion's depth) commits
   τ(F · S) / F tokens, a tree of F · S nodes being verified every F turns.
@@ -103,12 +104,14 @@ def ar_prediction(loop_s: float, stages: int) -> ModePrediction:
                                             "token, every stage but one idle")
 
 
-def chunk_pp_prediction(loop_s: float, draft_s: float, tau: float, width: int) -> ModePrediction:
-    """FlowSpec's baseline: draft a W-node tree (depth levels), verify it as one chunk:
-    τ(W) / (L(W + 1) + drafting)."""
-    return ModePrediction("chunk_pp", tau / (loop_s + draft_s),
-                          f"a {width}-node tree as one chunk: {loop_s * 1e3:.1f} ms through the stages + "
-                          f"{draft_s * 1e3:.1f} ms drafting per round of τ={tau:.2f}")
+def chunk_pp_prediction(times: np.ndarray, chunks: int, draft_s: float, tau: float, width: int,
+                        segment: int) -> ModePrediction:
+    """FlowSpec's baseline: draft a W-node tree (depth levels), send it with its root as k chunks of
+    S rows back to back, verify once all are back: τ(W) / (L(S) + (k - 1) · P(S) + drafting)."""
+    round_s = float(times.sum() + (chunks - 1) * times.max())
+    return ModePrediction("chunk_pp", tau / (round_s + draft_s),
+                          f"a {width}-node tree in {chunks} chunks of {segment} rows: {round_s * 1e3:.1f} ms through "
+                          f"the stages + {draft_s * 1e3:.1f} ms drafting per round of τ={tau:.2f}")
 
 
 def flowspec_prediction(times: np.ndarray, names: Sequence[str], expand_s: float, tau: float, segment: int,
@@ -198,9 +201,10 @@ def plan_pipeline(devices: Devices, model: ModelShape, request: PlanRequest = Pl
     def loop(rows: int) -> float:  # L(rows): one message through every stage and back to D0
         return float(stage_times(specs, model, split.ranges, rows, request.cached, request.wire_bytes).sum())
 
+    chunk_times = stage_times(specs, model, split.ranges, segment, request.cached, request.wire_bytes)
     predictions = (flowspec, ar_prediction(loop(1), len(specs)),
-                   chunk_pp_prediction(loop(shape.init_size + 1), shape.init_depth * level_s, tau(shape.init_size),
-                                       shape.init_size))
+                   chunk_pp_prediction(chunk_times, -(-(shape.init_size + 1) // segment), shape.init_depth * level_s,
+                                       tau(shape.init_size), shape.init_size, segment))
     prefill = plan_sequence(request.prompt_len, bottleneck_cost(specs, model, split.ranges, request.wire_bytes),
                             len(specs), request.min_chunk)
     stages = tuple(StagePlan(d.name, r, b, d.memory_bytes, float(t))
