@@ -12,6 +12,9 @@ nodes depend on them:
   dropped; the node keeps serving;
 - a client call to a server that is gone fails with ServiceTimeoutError after
   its timeout, never hangs;
+- graph queries (counts, lists, service_is_ready) read a per-process graph
+  cache kept by a liveliness subscriber (GraphCache), as rmw_zenoh's is: a
+  token leaves it when its node undeclares it or its process dies;
 - transient-local durability (``QoSProfile(transient_local=True)``) latches as
   in ROS 2, the rmw_zenoh way: such a publisher is a zenoh-ext AdvancedPublisher
   caching its last ``depth`` messages, such a subscription an AdvancedSubscriber
