@@ -2,7 +2,7 @@
 navigator_node (frames + instruction -> NavAction through the VLM) and go2_bridge_node (NavAction
 -> /cmd_vel within limits, watchdog, e-stop), on either runtime.
 
-    edge-llm-ros launch go2_sim [world:=seeded seed:=7 mode:=sd overlap:=true ...]
+    edge-llm-ros launch go2_sim [world:=seeded seed:=7 mode:=ar overlap:=true ...]
     ros2 launch edge_llm_ros go2_sim.launch.py
     edge-llm-ros topic pub --once /edge_llm/instruction std_msgs/msg/String "{data: 'go to the red chair'}"
 

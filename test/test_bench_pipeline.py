@@ -133,7 +133,8 @@ def test_the_report_has_the_issues_shape_and_says_which_targets_are_met(tiny):
                for s in ("measured", "simulated")]
     runs = [bp.Measured(None, 0, other_cores=0.01), bp.Measured(link, 0, other_cores=0.5)]
     report = bp.report_of(tiny, [link], runs, rows, prefill, jetson_costs(), None, None, 0.02,
-                          {"message_s": 0.001, "message_s_from": "test"}, NEW_TOKENS)
+                          {"message_s": 0.001, "message_s_from": "test"}, NEW_TOKENS,
+                          [{"rows": 64, "bytes": 147456, "count": 5, "p50_ms": 0.8, "p90_ms": 1.1, "mean_ms": 0.9}])
     decoded = json.loads(json.dumps(report))
     assert decoded["scenario"] == "pipeline" and decoded["lossless"] is True
     assert {(r["source"], r["mode"]) for r in decoded["rows"]} == {(s, m) for s in ("measured", "simulated")
@@ -148,10 +149,12 @@ def test_the_report_has_the_issues_shape_and_says_which_targets_are_met(tiny):
     assert met["FlowSpec / Chunk-PP tokens/s"]["value"] == pytest.approx(13 / 8) and met[
         "FlowSpec / Chunk-PP tokens/s"]["met"]
     assert met["FlowSpec ALT"]["met"] and met["TTFT of a 40-token prompt, pipelined / unchunked"]["met"]
+    assert met["p50 ms"]["target"].startswith("a stage hop on loopback, 64 rows") and met["p50 ms"]["met"]
     assert any("other processes kept cores busy" in note for note in decoded["notes"]) and decoded["warning"]
     table = bp.format_table(decoded)
     assert "met    measured 2 stages, 100 Mbit/s, 5 ms (emulated link): FlowSpec / Chunk-PP tokens/s" in table
     assert "time to first token, 512-token prompt" in table and "WARNING: other processes" in table
+    assert "target: a hop of 64 rows under 2 ms p50: 0.80 ms, met" in table
 
 
 def test_plans_and_settings():

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from . import stage_hop
 from .bench import BUSY_CORES, LOSSLESS_MARK, CpuShare, fmt_value
 from .deployment import Deployment, EventLog, bench_main, report_paths
 from .generate import Parser
@@ -58,6 +59,7 @@ PROJECTED_PROMPTS = 2
 LONG_PROMPT_TOKENS = 512
 TTFT_REPEATS = 3
 SEGMENT = 8  # draft rows per FlowSpec segment (draft_node's default)
+HOP_MESSAGES = 200  # messages per row count when timing a stage hop
 WARMUP_TOKENS = 8
 TOLERANCE = 0.15  # the simulator's tokens/s within this of the measured, every mode
 WIRE_BYTES = 4  # hidden states cross as float32 (config/stages.yaml wire_dtype)
@@ -555,6 +557,10 @@ def targets(report: dict) -> list[dict]:
             add(f"measured 2 stages, {p['link']}: TTFT of a {p['prompt_tokens']}-token prompt, pipelined / unchunked",
                 "< 1", ratio(p["ttft_pipelined_s"], p["ttft_unchunked_s"]),
                 p["ttft_pipelined_s"] < p["ttft_unchunked_s"])
+    for h in report.get("stage_hop", []):
+        if h["rows"] == stage_hop.TARGET_ROWS:
+            add(f"a stage hop on loopback, {h['rows']} rows of hidden states: p50 ms", f"< {stage_hop.TARGET_MS:g}",
+                h["p50_ms"], h["p50_ms"] < stage_hop.TARGET_MS)
     for c in report["comparisons"]:
         add(f"simulator vs measured, {c['link']}, {c['mode']}: tokens/s error", f"within {TOLERANCE:.0%}",
             c["error"], c["within_tolerance"])
@@ -584,13 +590,20 @@ def anchors(rows: list[dict]) -> list[dict]:
 
 
 def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[str, int] | None, modes: list[str],
-            max_new_tokens: int, log_path: Path | None, bar) -> list[Measured]:
-    """Every deployment: loopback first (ar only: the runtime's cost per message), then each link with the
-    whole prompt in one message (every mode, the long prompt) and with pipelined prefill (the long prompt)."""
+            max_new_tokens: int, log_path: Path | None, bar) -> tuple[list[Measured], list[dict]]:
+    """A stage hop on loopback (tools/stage_hop.py), then every deployment: loopback first (ar only: the
+    runtime's cost per message), then each link with the whole prompt in one message (every mode, the
+    long prompt) and with pipelined prefill (the long prompt)."""
     from .bench_serving import start_router
 
     runs = [Measured(None, 0), *(Measured(link, c) for link in links for c in (0, chunks[link][0]))]
     endpoint, stop_router = start_router()
+    try:
+        bar.set_postfix_str("measuring: a stage hop on loopback")
+        hop = [dataclasses.asdict(h) for h in stage_hop.measure(count=HOP_MESSAGES)]
+    except Exception:
+        stop_router()
+        raise
     log, client = EventLog(log_path), Client()
     try:
         for measured in runs:
@@ -608,7 +621,7 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
         client.close()
         log.close()
         stop_router()
-    return runs
+    return runs, hop
 
 
 def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
@@ -698,7 +711,7 @@ def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_t
               dynamic_ncols=True) as bar:
         setup = prepare(prompts, max_new_tokens, bar)
         chunks = {link: prefill_chunk(setup, link) for link in links}
-        runs = measure(setup, links, chunks, cores, modes, max_new_tokens, log_path, bar)
+        runs, hop = measure(setup, links, chunks, cores, modes, max_new_tokens, log_path, bar)
         bar.set_postfix_str("profile again")
         drift = remeasure(setup)
         bar.set_postfix_str("simulating")
@@ -712,13 +725,15 @@ def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_t
             prefill += more_prefill
         paper = jetson_costs(latency_s=1e-3)
         rows += projected_rows(setup, paper, modes, max_new_tokens, projected_prompts, bar, oracle)
-    report = report_of(setup, links, runs, rows, prefill, paper, cores, d0_shares, drift, calibration, max_new_tokens)
+    report = report_of(setup, links, runs, rows, prefill, paper, cores, d0_shares, drift, calibration, max_new_tokens,
+                       hop)
     report["wall_s"] = time.perf_counter() - started
     return report
 
 
 def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows: list[dict], prefill: list[dict],
-              paper, cores, d0_shares, drift: float, calibration: dict, max_new_tokens: int) -> dict:
+              paper, cores, d0_shares, drift: float, calibration: dict, max_new_tokens: int,
+              hop: list[dict] | None = None) -> dict:
     from edge_llm_ros.core.device_profile import cpu_name
 
     profile = setup.profile
@@ -748,6 +763,7 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
             "d0_shares_core_of_stage": d0_shares, **calibration},
         "rows": rows,
         "prefill": prefill,
+        "stage_hop": hop or [],
         "projection": {"device": paper.device, "model": paper.model, "layer_s": paper.layer_s,
                        "row_factor": paper.row_factor, "head_layers": paper.head_layers, "draft_s": paper.draft_s,
                        "row_bytes": paper.row_bytes,
@@ -823,6 +839,8 @@ def format_table(report: dict) -> str:
                      f"{p['chunk']:>3} ({len(p['chunks'])}) {p['ttft_pipelined_s'] * 1e3:7.0f} ms   "
                      f"{fmt_value(ratio(p['ttft_pipelined_s'], p['ttft_unchunked_s']), '.2f')}x  first token "
                      f"{LOSSLESS_MARK[p['first_token_exact']]}")
+    if report.get("stage_hop"):
+        lines += ["", *stage_hop.report([stage_hop.HopStats(**h) for h in report["stage_hop"]])]
     lines.append("")
     lines.append(f"FlowSpec over the naive pipeline (plain PP); anchors: SpecPipe {ANCHORS['SpecPipe']}, PipeInfer "
                  f"{ANCHORS['PipeInfer']}")

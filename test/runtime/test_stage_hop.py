@@ -1,0 +1,26 @@
+"""A stage hop on loopback (issue 14's figure): tools/stage_hop.py against its echo peer process.
+The figures themselves are the bench's (``bench --scenario pipeline``); here: every echo is the
+rows sent, bit for bit, and the report has the issue's target line."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_llm_ros.tools import stage_hop
+
+pytestmark = pytest.mark.slow
+
+
+def test_rows_cross_a_hop_and_back_exactly_and_the_report_names_the_target(router_endpoint):
+    results = stage_hop.measure(rows=(1, 64), count=10, warmup=2)  # RuntimeError on an echo that differs
+    assert [(r.rows, r.count, r.bytes) for r in results] == [(1, 10, 576 * 4), (64, 10, 64 * 576 * 4)]
+    assert all(0 < r.p50_ms <= r.p90_ms for r in results)
+    lines = stage_hop.report(results)
+    assert lines[-1].startswith("target: a hop of 64 rows under 2 ms p50: ")
+    assert lines[-1].endswith(", met") == (results[1].p50_ms < 2.0)
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        stage_hop.main(["--rows", "8,zero"])
+    assert exit_.value.code == 2 and "--rows takes positive integers" in capsys.readouterr().err
