@@ -37,8 +37,8 @@ LONG_PROMPTS = (*PROMPTS, "Explain how a robot vacuum cleaner maps a room.",  # 
                 "Give three tips for charging a battery safely.",
                 "What should a delivery robot do when a door is closed?")
 EOS_PROMPT = "List the steps to make a cup of tea."  # greedy ends with EOS after 40 tokens
-# ee (the node's default) on three prompts, each other mode on one; every prompt runs in some mode.
-MODE_CASES = [("ee", p) for p in LONG_PROMPTS[2:]] + [(m, p) for m, p in zip(("ar", "sd", "tree", "fsd"), LONG_PROMPTS)]
+# ee (the node's default) on two prompts, each other mode on one; every prompt runs in some mode.
+MODE_CASES = [("ee", p) for p in LONG_PROMPTS[3:]] + [(m, p) for m, p in zip(("ar", "sd", "tree", "fsd"), LONG_PROMPTS)]
 
 
 class Reference(NamedTuple):

@@ -1,14 +1,13 @@
 """A stage hop on loopback (issue 14's figure): tools/stage_hop.py against its echo peer process.
 The figures themselves are the bench's (``bench --scenario pipeline``); here: every echo is the
-rows sent, bit for bit, and the report has the issue's target line."""
+rows sent, bit for bit, and the report has the issue's target line. Not marked slow: one small
+peer process, a few seconds."""
 
 from __future__ import annotations
 
 import pytest
 
 from edge_llm_ros.tools import stage_hop
-
-pytestmark = pytest.mark.slow
 
 
 def test_rows_cross_a_hop_and_back_exactly_and_the_report_names_the_target(router_endpoint):
