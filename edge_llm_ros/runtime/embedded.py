@@ -128,6 +128,7 @@ class GraphCache:
         self._entries: dict[str, graph.GraphEntry] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[graph.GraphEntry, bool], None]] = []
+        self.complete = False  # a query's answer is in (or the young window passed): the cache alone answers
         self._queries = 0  # liveliness queries under way
         self._deleted: set[str] = set()  # tokens deleted while one was
         self._sub = session.liveliness().declare_subscriber(self._key, self._on_token, history=True)
@@ -166,7 +167,7 @@ class GraphCache:
                 self._entries.update({k: e for k, e in found.items() if k not in self._deleted})
                 if not self._queries:
                     self._deleted.clear()
-    
+
     def entries(self) -> list[graph.GraphEntry]:
         with self._lock:
             return list(self._entries.values())
@@ -641,15 +642,18 @@ class Client(_Endpoint):
     def _on_token(self, entry: graph.GraphEntry, alive: bool) -> None:
         if alive or entry.kind != "SS" or entry.name != self.srv_name:
             return
-        if any(e.kind == "SS" and e.name == self.srv_name for e in self.node.context.graph.entries()):
+        if self._served_in(self.node.context.graph.entries()):
             return  # another server of it is still there
         with self._pending_lock:
             pending, self._pending = self._pending, []
         for future, exc in pending:
             future.set_exception(exc)
 
+    def _served_in(self, entries: list[graph.GraphEntry]) -> bool:
+        return any(e.kind == "SS" and e.name == self.srv_name for e in entries)
+
     def service_is_ready(self) -> bool:
-        return any(e.kind == "SS" and e.name == self.srv_name for e in self.node.graph())
+        return self._served_in(self.node.graph())
 
     def wait_for_service(self, timeout_sec: float | None = None) -> bool:
         deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
@@ -827,21 +831,22 @@ class Node:
     def graph(self, timeout: float = 2.0) -> list[graph.GraphEntry]:
         """All liveliness tokens currently in the system, parsed (the context's GraphCache).
 
-        Within `timeout` of the session's start the cache may hold only this
-        process's own tokens, or some of the others (its history comes one
-        token at a time): then the router is asked for all at once, again until
-        another session's token is in or that time is up (an otherwise empty
-        system). Later it answers from the cache at once.
+        Until the cache is complete it may hold only this process's own
+        tokens, or some of the others (its history comes one token at a
+        time): the router is asked for all at once, again until an answer
+        holds another session's token or `timeout` after the session's start
+        has passed (an otherwise empty system). From then on the cache
+        answers at once.
         """
         cache, zid = self.context.graph, self.context.zid
         deadline = cache.started + timeout
-        while True:
-            entries = cache.entries()
-            if any(e.zid != zid for e in entries) or time.monotonic() >= deadline:
-                return entries
+        while not cache.complete:
             cache.query(max(0.05, deadline - time.monotonic()))
-            if not any(e.zid != zid for e in cache.entries()):
+            if any(e.zid != zid for e in cache.entries()) or time.monotonic() >= deadline:
+                cache.complete = True
+            else:
                 time.sleep(0.05)
+        return cache.entries()
 
     def get_node_names_and_namespaces(self) -> list[tuple[str, str]]:
         return sorted({(e.node_name, e.node_namespace) for e in self.graph() if e.kind == "NN"})

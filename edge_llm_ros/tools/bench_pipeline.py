@@ -601,25 +601,23 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
     try:
         bar.set_postfix_str("measuring: a stage hop on loopback")
         hop = [dataclasses.asdict(h) for h in stage_hop.measure(count=HOP_MESSAGES)]
-    except Exception:
-        stop_router()
-        raise
-    log, client = EventLog(log_path), Client()
-    try:
-        for measured in runs:
-            bar.set_postfix_str(f"measuring: {measured.link.name if measured.link else 'loopback'}, "
-                                f"prefill chunk {measured.chunk or 'whole'}")
-            if measured.link is None:
-                calibration = dataclasses.replace(setup, prompts=setup.prompts[:2], long_text="")
-                run_deployment(calibration, client, endpoint, log, measured, cores, ["ar"], min(max_new_tokens, 32),
-                               bar)
-            else:
-                run_deployment(setup, client, endpoint, log, measured, cores, [] if measured.chunk else modes,
-                               max_new_tokens, bar)
-            bar.update(1)
+        log, client = EventLog(log_path), Client()
+        try:
+            for measured in runs:
+                bar.set_postfix_str(f"measuring: {measured.link.name if measured.link else 'loopback'}, "
+                                    f"prefill chunk {measured.chunk or 'whole'}")
+                if measured.link is None:
+                    calibration = dataclasses.replace(setup, prompts=setup.prompts[:2], long_text="")
+                    run_deployment(calibration, client, endpoint, log, measured, cores, ["ar"],
+                                   min(max_new_tokens, 32), bar)
+                else:
+                    run_deployment(setup, client, endpoint, log, measured, cores, [] if measured.chunk else modes,
+                                   max_new_tokens, bar)
+                bar.update(1)
+        finally:
+            client.close()
+            log.close()
     finally:
-        client.close()
-        log.close()
         stop_router()
     return runs, hop
 

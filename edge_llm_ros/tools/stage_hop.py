@@ -87,7 +87,9 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
         deadline = time.monotonic() + timeout_s
         while not (out.get_subscription_count() and node.count_publishers(BACK_TOPIC)):
             if peer.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the echo peer did not come up: {peer.communicate()[0][-2000:]}")
+                peer.kill()  # its output is complete only once it exited
+                raise RuntimeError(f"the echo peer did not come up within {timeout_s:g} s: "
+                                   f"{peer.communicate()[0][-2000:]}")
             embedded.spin_once(0.05, context)
 
         def round_trip(n: int, step: int) -> float:

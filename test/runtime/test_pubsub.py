@@ -91,14 +91,19 @@ def test_service_call_across_processes(rt_session, peer):
     node.destroy_node()
 
 
-def test_action_streams_500_feedback_in_order(rt_session, peer):
+def generate_client(rt, name: str):
+    """A node in /rt_test with an action client of the peer's `generate` server, once it is there."""
     from edge_llm_ros import runtime as rtf
 
-    rt = rt_session
-    node = rt.Node("action_test", namespace="rt_test")
+    node = rt.Node(name, namespace="rt_test")
     Generate = rtf.action("edge_llm_ros/action/Generate")
     client = rtf.ActionClient(node, Generate, "generate")
     assert client.wait_for_server(20)
+    return node, Generate, client
+
+
+def test_action_streams_500_feedback_in_order(rt_session, peer):
+    node, Generate, client = generate_client(rt_session, "action_test")
     seen: list[int] = []
     handle = client.send_goal_async(Generate.Goal(prompt="count", max_new_tokens=500),
                                     lambda fb: seen.append(int(fb.feedback.token_ids[0]))).result(20)
@@ -112,13 +117,7 @@ def test_action_streams_500_feedback_in_order(rt_session, peer):
 
 
 def test_action_cancel(rt_session, peer):
-    from edge_llm_ros import runtime as rtf
-
-    rt = rt_session
-    node = rt.Node("cancel_test", namespace="rt_test")
-    Generate = rtf.action("edge_llm_ros/action/Generate")
-    client = rtf.ActionClient(node, Generate, "generate")
-    assert client.wait_for_server(20)
+    node, Generate, client = generate_client(rt_session, "cancel_test")
     started = threading.Event()
     handle = client.send_goal_async(Generate.Goal(prompt="hold"), lambda fb: started.set()).result(20)
     assert handle.accepted
@@ -134,13 +133,7 @@ def test_action_cancel(rt_session, peer):
 def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
     """A result wait fails only when the server's token is deleted, never because a graph snapshot came
     back without it (on a loaded machine one can: CI once saw a live server declared gone mid-goal)."""
-    from edge_llm_ros import runtime as rtf
-
-    rt = rt_session
-    node = rt.Node("snapshot_test", namespace="rt_test")
-    Generate = rtf.action("edge_llm_ros/action/Generate")
-    client = rtf.ActionClient(node, Generate, "generate")
-    assert client.wait_for_server(20)
+    node, Generate, client = generate_client(rt_session, "snapshot_test")
     seen: list[int] = []
     handle = client.send_goal_async(Generate.Goal(prompt="hold"),
                                     lambda fb: seen.append(int(fb.feedback.token_ids[0]))).result(20)
