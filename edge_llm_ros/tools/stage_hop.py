@@ -76,13 +76,14 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
     peer = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.tools.stage_hop", "--peer"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "EDGE_LLM_BACKEND": "zenoh"})
-    embedded.init(args=[], install_signal_handlers=False)
-    node = embedded.Node(f"stage_hop_{os.getpid()}")
+    # A context of its own (as rclpy's Context()): spinning it runs this subscription's callback and
+    # nothing else, also in a process whose global context hosts other nodes (a test worker, a bench).
+    context = embedded.Context(args=[])
+    node = embedded.Node(f"stage_hop_{os.getpid()}", context=context)
     HiddenStates = embedded.registry().message_class("edge_llm_ros/msg/HiddenStates")
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     out = node.create_publisher(HiddenStates, OUT_TOPIC, 10)
     node.create_subscription(HiddenStates, BACK_TOPIC, inbox.put, 10)
-    context = embedded.get_context()
     try:
         deadline = time.monotonic() + timeout_s
         while not (out.get_subscription_count() and node.count_publishers(BACK_TOPIC)):
@@ -132,6 +133,7 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
         except subprocess.TimeoutExpired:
             peer.kill()
         node.destroy_node()
+        context.close()
 
 
 def report(results: list[HopStats]) -> list[str]:

@@ -5,6 +5,8 @@ peer process, a few seconds."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from edge_llm_ros.tools import stage_hop
@@ -17,6 +19,29 @@ def test_rows_cross_a_hop_and_back_exactly_and_the_report_names_the_target(route
     lines = stage_hop.report(results)
     assert lines[-1].startswith("target: a hop of 64 rows under 2 ms p50: ")
     assert lines[-1].endswith(", met") == (results[1].p50_ms < 2.0)
+
+
+def test_the_hop_spins_a_context_of_its_own(rt_session):
+    """A process whose global context is busy (here: both of its spinners stuck in other callbacks, as
+    in a test worker that hosts other nodes) still measures: the hop never runs anyone else's callback.
+    CI once timed out here when the measurement spun the global context."""
+    release, stuck, returned = threading.Event(), threading.Semaphore(0), []
+
+    def blocked() -> None:
+        stuck.release()
+        release.wait(60)
+        returned.append(True)
+
+    ctx = rt_session.get_context()
+    ctx.post(blocked)  # the fixture's spin thread takes this one
+    assert stuck.acquire(timeout=10)
+    ctx.post(blocked)  # a measurement that spins the global context would take this one, and stall
+    try:
+        results = stage_hop.measure(rows=(8,), count=5, warmup=1)
+        assert not returned, "the measurement waited for another node's callback"
+    finally:
+        release.set()
+    assert [(r.rows, r.count) for r in results] == [(8, 5)]
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
