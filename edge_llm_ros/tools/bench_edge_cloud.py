@@ -267,7 +267,8 @@ def node_cores(pin: bool) -> dict[str, int] | None:
 
 def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[BenchPrompt], modes: list[str],
                  max_new_tokens: int, gamma: int, draft: str, log_path: Path | None, progress: bool,
-                 launch_args: list[str] = (), backends: list[str] = ("torch",), pin: bool = False) -> dict:
+                 launch_args: list[str] = (), backends: list[str] = ("torch",), pin: bool = False,
+                 simulate: bool = False) -> dict:
     from tqdm import tqdm
 
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
@@ -315,6 +316,20 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                     llama_run = run if backends[0] == LLAMA_CPP else run[backend_key(LLAMA_CPP)]
                     run["torch_over_llama_cpp"] = compare_backends(torch_run, llama_run, modes)
                 runs.append(run)
+        simulated = None
+        if simulate and backends[0] == "torch":  # the simulator times the torch draft only
+            from edge_llm_ros.core import chat_prompt
+
+            from .edge_cloud_sim import calibrate, load_nodes_models, simulate_report
+
+            print("simulating the runs (core/edge_cloud/sim.py, costs measured here)...", file=sys.stderr, flush=True)
+            target, exits, drafters = load_nodes_models()
+            ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
+            model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens)
+            try:
+                simulated = simulate_report(model, runs, modes, ids, gamma, max_new_tokens, bool(cores))
+            finally:
+                model.robot.close()
     finally:
         client.close()
         log.close()
@@ -336,6 +351,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
         "wall_s": time.perf_counter() - started,
         "runs": runs,
         "lossless": all(r["lossless"] is not False for run in runs for r in backend_results(run, backends)),
+        "simulated": simulated,
         "notes": [
             f"latency: {LABEL} (one-way delay RTT/2 and a token bucket each way, applied by the runtime to real "
             "messages between the two processes); both processes share this machine's cores",
@@ -411,6 +427,10 @@ def format_table(report: dict) -> str:
                          f"{fmt_value(results[LLAMA_CPP]['draft_ms_per_token'], '.2f'):>11}"
                          f"{fmt_value(ratio['draft_ms_per_token'], '.2f'):>7}"
                          + "".join(f"{fmt_value(ratio['ms_per_token'].get(m), '.2f'):>13}" for m in drafting))
+    if report.get("simulated"):
+        from .edge_cloud_sim import format_lines
+
+        lines += format_lines(report["simulated"])
     return "\n".join(lines)
 
 
@@ -512,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--pin", action="store_true",
                    help="each node on a core of its own, with taskset (default: the nodes share every core)")
+    p.add_argument("--simulate", action="store_true",
+                   help="also simulate every run (core/edge_cloud/sim.py with costs measured here; error against "
+                        "the measured tokens/s) and project EE's regime (Table 5's times); about a minute more")
     return p
 
 
@@ -536,9 +559,12 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
     prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
     check_launch_args(args.set)
     backends = draft_backends(args.draft_backends, args.draft, modes)
+    if args.simulate and (args.set or args.draft or backends[0] != "torch"):
+        raise ToolError("--simulate models the default deployment (the shipped torch draft first, exits 16,24, one "
+                        "pre-draft worker): drop --set and --draft, and keep torch first in --draft-backends")
     report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
                           progress=not args.no_progress, launch_args=args.set, backends=backends,
-                          pin=args.pin)
+                          pin=args.pin, simulate=args.simulate)
     return report, json_path, png
 
 
@@ -547,7 +573,10 @@ def failures(report: dict) -> list[str]:
             f"on prompt {mm['prompt']}"
             for run in report["runs"]
             for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"]))
-            for mm in result["mismatches"]]
+            for mm in result["mismatches"]] + [
+        f"LOSSLESS FAILURE: simulated {mode} (RTT {run['rtt_ms']:g} ms) differs from the simulated ar"
+        for run in (report.get("simulated") or {}).get("runs", []) for mode, m in run["modes"].items()
+        if m["lossless"] is False]
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -24,7 +24,8 @@ is the target's: greedy token for token, sampled distributed as the target's.
 
 Modules: ``records`` (the wire records and their checks), ``server`` (the verifier),
 ``inbox`` (its intake, live requests first), ``send_queue`` (its outgoing queue), ``predraft`` (the robot's pre-draft cache), ``robot`` (the
-drafter side), ``local`` (both halves in one process), ``speedup`` (EE Appendix B).
+drafter side), ``local`` (both halves in one process), ``sim`` (both halves with simulated time),
+``speedup`` (EE Appendix B).
 """
 
 from .inbox import DraftInbox

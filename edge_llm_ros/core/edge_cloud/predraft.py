@@ -47,6 +47,20 @@ class _Job:
     on_ready: Callable[[CacheKey], None] | None = None
 
 
+def discard_jobs(jobs: dict, request_id: str, round: int | None) -> tuple[int, int]:
+    """Pop the request's jobs (of ``round`` only, if given) from ``jobs`` (key -> a job with a
+    ``state``), cancelling the queued ones: (cancelled, already started or done)."""
+    cancelled = started = 0
+    for key in [k for k in jobs if k[0] == request_id and (round is None or k[1] == round)]:
+        job = jobs.pop(key)
+        if job.state == "queued":
+            job.state = "cancelled"
+            cancelled += 1
+        else:
+            started += 1
+    return cancelled, started
+
+
 class PreDraftCache:
     """Pre-drafts keyed by (request id, round, hypothesised context), drafted on worker threads,
     highest confidence first (EE Algorithm 1's Q_p and C).
@@ -63,6 +77,7 @@ class PreDraftCache:
         workers = len(drafters) if workers is None else workers
         if not 1 <= workers <= len(drafters):
             raise ValueError(f"workers must be in 1..{len(drafters)} (the drafters), got {workers}")
+        self.seed, self.workers = seed, workers  # what a simulated cache over the same drafters needs
         self._idle: queue.Queue = queue.Queue()
         for i, d in enumerate(drafters):
             self._idle.put((d, make_generator(None if seed is None else seed + i)))
@@ -127,16 +142,8 @@ class PreDraftCache:
     def discard(self, request_id: str, round: int | None = None) -> tuple[int, int]:
         """Forget the request's entries (of ``round`` only, if given): returns (cancelled before
         starting, already started or done — drafting spent for nothing)."""
-        cancelled = started = 0
         with self._cond:
-            for key in [k for k in self._jobs if k[0] == request_id and (round is None or k[1] == round)]:
-                job = self._jobs.pop(key)
-                if job.state == "queued":
-                    job.state = "cancelled"
-                    cancelled += 1
-                else:
-                    started += 1
-        return cancelled, started
+            return discard_jobs(self._jobs, request_id, round)
 
     def draft_now(self, context: list[int], spec: TreeSpec, sampler: Sampler) -> tuple[TokenTree, float]:
         """Draft on the caller's thread with an idle drafter (waiting for one); (tree, seconds incl. waiting)."""
