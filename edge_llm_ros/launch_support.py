@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,9 @@ def config_path(config: str) -> Path:
     return find_config(config, Path(__file__).resolve().parents[1] / "launch" / "_.launch.py")
 
 
-def describe(nodes: list[dict[str, Any]], config: str):
-    """launch.LaunchDescription for NODES (launch file dicts) with CONFIG (a params file under config/)."""
+def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] = ()):
+    """launch.LaunchDescription for NODES (launch file dicts) with CONFIG (a params file under config/)
+    and ``overlays``, params files layered over it in order (a launch file's OVERLAY argument)."""
     from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, Shutdown
     from launch.substitutions import LaunchConfiguration
@@ -58,7 +60,9 @@ def describe(nodes: list[dict[str, Any]], config: str):
     source = Path(f"<{config} launch>")
     specs = [NodeSpec.from_entry(entry, source) for entry in nodes]
     params_file = config_path(config)
-    node_params = {spec.fqn: load_params_file(params_file, spec.fqn) for spec in specs}
+    files = [str(params_file), *map(str, overlays)]
+    node_params = {spec.fqn: {key: value for path in files for key, value in load_params_file(path, spec.fqn).items()}
+                   for spec in specs}
 
     defaults: dict[str, set[str]] = {}
     for params in node_params.values():
@@ -83,12 +87,12 @@ def describe(nodes: list[dict[str, Any]], config: str):
             extra.update(respawn=True, respawn_delay=spec.respawn_delay, respawn_max_retries=spec.respawn_max_retries)
         if spec.lifecycle:
             node = LifecycleNode(package=PACKAGE, executable=spec.executable, name=spec.name,
-                                 namespace=spec.namespace, parameters=[str(params_file), overrides, {"autostart": False}],
+                                 namespace=spec.namespace, parameters=[*files, overrides, {"autostart": False}],
                                  remappings=spec.remappings, output="screen", **extra)
             actions += [node, *_bring_up(node)]
         else:
             actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
-                                namespace=spec.namespace or None, parameters=[str(params_file), overrides],
+                                namespace=spec.namespace or None, parameters=[*files, overrides],
                                 remappings=spec.remappings, output="screen", **extra))
     return LaunchDescription(actions)
 

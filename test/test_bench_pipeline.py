@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from edge_llm_ros.core import generate_all, preset
@@ -141,6 +142,7 @@ def test_the_report_has_the_issues_shape_and_says_which_targets_are_met(tiny):
                                                                    for m in bp.MODES}
     assert all(r["link"].endswith("(emulated link)") for r in decoded["rows"])
     assert all(i["source"] for i in decoded["projection"]["inputs"])
+    assert (decoded["projection"]["trees"]["init_size"], decoded["projection"]["trees"]["segment"]) == (80, 16)
     assert [c["mode"] for c in decoded["comparisons"]] == list(bp.MODES)
     flow = next(c for c in decoded["comparisons"] if c["mode"] == "flowspec")
     assert flow["error"] == pytest.approx(flow["simulated_tokens_per_s"] / 13.0 - 1)
@@ -155,6 +157,7 @@ def test_the_report_has_the_issues_shape_and_says_which_targets_are_met(tiny):
     assert "met    measured 2 stages, 100 Mbit/s, 5 ms (emulated link): FlowSpec / Chunk-PP tokens/s" in table
     assert "time to first token, 512-token prompt" in table and "WARNING: other processes" in table
     assert "target: a hop of 64 rows under 2 ms p50: 0.80 ms, met" in table
+    assert "trees: 80 nodes (top-10, depth 6) in segments of 16, expansions of 64" in table
 
 
 def test_plans_and_settings():
@@ -179,3 +182,22 @@ def test_a_stage_takes_its_cores_as_taskset_lists_them():
     assert StageParams(cpus="0-1").cpus == "0-1"
     with pytest.raises(ValueError, match="parameter 'cpus' takes cores as taskset -c lists them"):
         StageParams(cpus="first")
+
+
+def test_each_stage_is_scaled_by_its_own_profile_in_the_deployment(tiny):
+    """calibrate: a stage that measured itself twice as slow as the in-process profile (and one twice
+    as fast) gets its seconds scaled so in the simulation; the message cost is then what is left."""
+    base = tiny.profile.stage_s(tiny.ranges)
+    own = [[np.float32(factor * base(i, n, bp.STAGE_PROFILE_CACHED)) for n in bp.STAGE_PROFILE_ROWS]
+           for i, factor in enumerate((2.0, 0.5))]  # float32, as a Profile answer carries them
+    goals = [fake_goal("ar", ref, 0.3, 20.0) for ref in tiny.references]
+    try:
+        calibration = bp.calibrate(tiny, bp.Measured(None, 0, goals={"ar": goals}, stage_s=own), d0_shares=0)
+        assert calibration["stage_factors"] == pytest.approx([2.0, 0.5], rel=1e-5)
+        json.dumps(calibration)  # the report's cost_model
+        costs = bp.measured_costs(tiny, None, calibration["message_s"], 0)
+        assert costs.stage_s(0, 8, 64) == pytest.approx(2.0 * base(0, 8, 64))
+        assert costs.stage_s(1, 8, 64) == pytest.approx(0.5 * base(1, 8, 64))
+        assert calibration["message_s"] >= 0
+    finally:
+        tiny.stage_factors = None

@@ -282,9 +282,11 @@ class ChunkPP(Scheduler):
 
 @dataclass(frozen=True)
 class FlowSpecShape:
-    """FlowSpec's tree parameters (§IV-A): the initial tree (depth, size), the context-aware
-    expansion's new tree, the score-aware expansion (levels added, nodes taken), the segment
-    length and the segments in flight at most (the stage count fills the pipeline)."""
+    """FlowSpec's tree parameters (§IV-A): the initial tree (depth, size, ``branch`` = top-k), the
+    context-aware expansion's new tree, the score-aware expansion (levels added, nodes taken; 0
+    nodes: none, the unsent rows go on), the segment length and the segments in flight at most
+    (the stage count fills the pipeline). The defaults suit this CPU, where every row costs compute;
+    :data:`PAPER_SHAPE` is the paper's setting for memory-bound edge GPUs."""
 
     init_depth: int = 6
     init_size: int = 24
@@ -298,6 +300,15 @@ class FlowSpecShape:
 
     def tree(self, depth: int, size: int) -> TreeSpec:
         return TreeSpec(depth=depth, branch=self.branch, expand=self.branch, width=size)
+
+
+# FlowSpec's evaluation setting (its reference code, config/run_config.py, mode "eval", which
+# produced Table I; flowspec.txt Appendix A-C): an initial tree of 80 nodes, top-10, depth 6,
+# verified in segments of 16; context-aware expansion by a new tree of 64 nodes, depth 6; no
+# score-aware expansion (none_expand False). The same tree and segments for Chunk-PP (§V-A: one
+# setting for every method). in_flight: set to the stage count by whoever runs it.
+PAPER_SHAPE = FlowSpecShape(init_depth=6, init_size=80, branch=10, expand_depth=6, expand_size=64,
+                            deeper_levels=0, deeper_size=0, segment=16)
 
 
 class FlowSpec(Scheduler):
@@ -420,7 +431,7 @@ class FlowSpec(Scheduler):
             self.keep_rows(keep, committed)
             self.merge(self.drafter.propose(self.context, shape.tree(shape.expand_depth, shape.expand_size),
                                             Sampler(0.0)), shape.expand_size)  # context-aware expansion
-        else:  # nothing new: grow the tree one level deeper (score-aware expansion)
+        elif shape.deeper_size:  # nothing new: grow the tree one level deeper (score-aware expansion)
             depth = max(self.depths) + shape.deeper_levels
             self.merge(self.drafter.propose(self.context, shape.tree(depth, len(self.tokens) + shape.deeper_size),
                                             Sampler(0.0)), shape.deeper_size)

@@ -332,6 +332,12 @@ class TimedDrafter:
     def __init__(self, drafter) -> None:
         self.drafter, self.log = drafter, []
 
+    def __getattr__(self, name: str):
+        """Everything else is the wrapped drafter's (its model, its EOS tokens)."""
+        if name == "drafter":
+            raise AttributeError(name)
+        return getattr(self.drafter, name)
+
     def propose(self, context, spec, sampler):
         import time
 
@@ -454,6 +460,12 @@ def jetson_costs(latency_s: float = 1e-3) -> PaperCosts:
         Cited("FlowSpec ALT", alt_flow, "tokens/turn", "flowspec.txt Table II, L2, FlowSpec, ALT-7B"),
         Cited("segment rows", chunk, "rows", "flowspec.txt Appendix A-C: initial segments of 16 tokens (the same "
               "setting for all methods)"),
+        Cited("initial draft tree", 80, "nodes (top-10, depth 6)", "FlowSpec's reference code, config/run_config.py, "
+              "mode eval (Table I's runs): init_total_token 80, init_topk 10, init_depth 6, init_subseq_token 16; "
+              "the same tree for Chunk-PP"),
+        Cited("context-aware expansion", 64, "nodes (depth 6)", "FlowSpec's reference code, config/run_config.py, "
+              "mode eval: expand_total_token 64, expand_depth 6; none_expand False (no score-aware expansion); "
+              "flowspec.txt Appendix A-C: the 64 expanded tokens"),
         Cited("draft tree depth", depth, "levels", "flowspec.txt Appendix A-C and §V-C1: depth 5 (EAGLE-2's "
               "optimum), chosen to balance D0 with a verification stage"),
         Cited("precision", 16, "bits", "flowspec.txt §V-A footnote: 7B models in fp16"),

@@ -22,7 +22,7 @@ Services:
   answers a stage pipeline plan (core.pipeline_plan) over the devices of `devices` ('' = this
   machine's two cores, one thread each): the stages' layers (stage_layer_begin/end; stage_nodes
   the request's names, else stage_<i>), prefill_chunks for a `prompt_len` prompt, mode, FlowSpec's
-  segment as tree_width, the predicted tokens/s of ar, chunk_pp and flowspec and why. Devices
+  segment and in_flight, the predicted tokens/s of ar, chunk_pp and flowspec and why. Devices
   measured here use a layer profile saved next to plan_file (measured at the first pipeline
   request when there is none: a few seconds, a log line per row count); τ: the devices file's,
   else the device plan's measured τ. A device whose memory budget cannot hold its share is

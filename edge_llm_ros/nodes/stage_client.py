@@ -133,19 +133,23 @@ class StageClient:
 
 
 def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *, max_new_tokens: int, eos,
-                       segment: int, in_flight: int, prefill_chunk: int, fork_from: str = "", cached: int = 0):
+                       segment: int, in_flight: int, prefill_chunk: int, fork_from: str = "", cached: int = 0,
+                       shape=None):
     """The core.pipeline scheduler of ``mode`` for one request: the prompt (its first ``cached``
     tokens forked from request ``fork_from``) in chunks of ``prefill_chunk`` tokens (0: one chunk);
     FlowSpec with ``segment`` rows a segment and up to ``in_flight`` segments on their way;
     Chunk-PP sending FlowSpec's initial tree in chunks of ``segment`` rows (FlowSpec §V-A: one
-    setting for every method)."""
+    setting for every method). ``shape``: the trees (a core.pipeline.FlowSpecShape, whose segment
+    and in_flight these arguments replace; default: this CPU's)."""
+    from dataclasses import replace
+
     from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
 
     rest = len(prompt) - cached
     size = prefill_chunk or rest
     chunks = [min(size, rest - at) for at in range(0, rest, size)]
     common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks, fork_from=fork_from, cached=cached)
-    shape = FlowSpecShape(segment=segment, in_flight=in_flight)
+    shape = replace(shape or FlowSpecShape(), segment=segment, in_flight=in_flight)
     if mode == "flowspec":
         return FlowSpec(request_id, prompt, drafter, shape, **common)
     if mode == "chunk_pp":

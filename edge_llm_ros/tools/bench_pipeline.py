@@ -21,8 +21,9 @@ per message, measured on loopback (a deployment with the links off: its ar lap m
 compute, per hop). Each simulated mode is compared with the measured one: within 15% or flagged.
 
 Projected: the same simulation on 4 and 8 stages with Jetson-class costs derived from the papers'
-tables (core.pipesim.jetson_costs: every input cited in the report); the tokens and acceptance are
-still SmolLM2's (its target and shipped draft run in the simulator).
+tables (core.pipesim.jetson_costs: every input cited in the report) and FlowSpec's own tree setting
+for every method (core.pipeline.PAPER_SHAPE: 80-node trees in segments of 16, 64-node expansions);
+the tokens and acceptance are still SmolLM2's (its target and shipped draft run in the simulator).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ LINKS = ((100.0, 5.0), (1000.0, 1.0))  # (Mbit/s, one-way ms) per hop
 PROMPTS, QUICK_PROMPTS = 3, 1
 MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 32
 PROJECTED_STAGES = (4, 8)
+STAGE_PROFILE_ROWS, STAGE_PROFILE_CACHED = (1, 8, 24), 64  # what each stage measures of itself (a decode step's sizes)
 PROJECTED_PROMPTS = 2
 LONG_PROMPT_TOKENS = 512
 TTFT_REPEATS = 3
@@ -114,6 +116,9 @@ class Setup:
     draft_s: float = 0.0  # per draft forward on D0
     draft_call_s: float = 0.0  # per draft
     eos: tuple[int, ...] = ()
+    # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
+    # profile gives for its layers: how much faster or slower the pinned stage process runs (None: 1)
+    stage_factors: list[float] | None = None
     stages: dict = field(default_factory=dict)  # ranges -> in-process stages (each simulation releases its request)
 
     @property
@@ -244,15 +249,17 @@ def stages_of(setup: Setup, ranges: list[range]) -> list:
 
 
 def simulate_one(setup: Setup, mode: str, prompt: list[int], max_new_tokens: int, costs, *, ranges=None,
-                 drafter=None, chunk: int = 0):
-    """One request of ``mode`` through in-process stages (``ranges``: the measured split) under ``costs``."""
+                 drafter=None, chunk: int = 0, shape=None):
+    """One request of ``mode`` through in-process stages (``ranges``: the measured split) under ``costs``;
+    ``shape``: the trees (default: the deployments', draft_node's)."""
     from edge_llm_ros.core.pipesim import CountingDrafter, simulate
     from edge_llm_ros.nodes.stage_client import pipeline_scheduler
 
     ranges = ranges or setup.ranges
     scheduler = pipeline_scheduler(mode, f"sim-{mode}", prompt, CountingDrafter(drafter or setup.drafter),
-                                   max_new_tokens=max_new_tokens, eos=setup.eos, segment=SEGMENT,
-                                   in_flight=len(ranges), prefill_chunk=chunk)
+                                   max_new_tokens=max_new_tokens, eos=setup.eos,
+                                   segment=shape.segment if shape else SEGMENT, in_flight=len(ranges),
+                                   prefill_chunk=chunk, shape=shape)
     return simulate(scheduler, stages_of(setup, ranges), costs)
 
 
@@ -260,7 +267,9 @@ def measured_costs(setup: Setup, link: LinkSetting | None, message_s: float, d0_
     """The cost model of this machine: the profile, D0's draft costs, the link, the runtime's per-message cost."""
     from edge_llm_ros.core.pipesim import CostModel, Link
 
-    return CostModel(stage_s=setup.profile.stage_s(setup.ranges), draft_s=setup.draft_s,
+    base = setup.profile.stage_s(setup.ranges)
+    factors = setup.stage_factors or [1.0] * len(setup.ranges)
+    return CostModel(stage_s=lambda stage, rows, cached: factors[stage] * base(stage, rows, cached), draft_s=setup.draft_s,
                      draft_call_s=setup.draft_call_s, row_bytes=setup.row_bytes,
                      link=link.link() if link else Link(), message_s=message_s, d0_shares=d0_shares)
 
@@ -312,6 +321,23 @@ class Client:
             deployment.check_alive()
             if time.monotonic() > deadline:
                 raise ToolError(f"/edge_llm/generate did not answer within {START_TIMEOUT_S:g} s")
+
+    def stage_profile(self, index: int, rows: tuple[int, ...], cached: int) -> list[float]:
+        """Stage ``index``'s seconds for each count of ``rows`` over ``cached`` cached rows, as it measures
+        itself (stage_node's `profile` service)."""
+        from edge_llm_ros.runtime import service
+
+        Profile = service("edge_llm_ros/srv/Profile")
+        client = self.session.node.create_client(Profile, f"/edge_llm/stage_{index}/profile")
+        try:
+            if not client.wait_for_service(30.0):
+                raise ToolError(f"stage {index} does not serve profile")
+            answer = client.call(Profile.Request(token_counts=list(rows), prefix_len=cached), timeout_sec=120.0)
+        finally:
+            client.destroy()
+        if not answer.success:
+            raise ToolError(f"stage {index}'s profile failed: {answer.message}")
+        return [float(ms) / 1e3 for ms in answer.latency_ms]  # float32 in the message
 
     def generate(self, log: EventLog, prompt: str, mode: str, max_new_tokens: int) -> Goal:
         """One greedy goal; its tokens, when it was sent, its first and last feedback, its result,
@@ -425,6 +451,7 @@ class Measured:
     goals: dict[str, list[Goal]] = field(default_factory=dict)
     long: list[Goal] = field(default_factory=list)
     other_cores: float | None = None
+    stage_s: list[list[float]] = field(default_factory=list)  # [stage][STAGE_PROFILE_ROWS]: the stages' own `profile`
 
 
 def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, measured: Measured,
@@ -437,6 +464,9 @@ def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, m
         client.wait_ready(deployment, len(setup.ranges), since)
         for mode in modes:
             client.generate(log, setup.prompts[0].text, mode, WARMUP_TOKENS)
+        if measured.link is None:  # each stage measures itself where it runs (Jupiter: each device profiles)
+            measured.stage_s = [client.stage_profile(i, STAGE_PROFILE_ROWS, STAGE_PROFILE_CACHED)
+                                for i in range(len(setup.ranges))]
         if setup.long_text:
             client.generate(log, setup.long_text, "ar", 1)
         with Others(deployment, [n.name for n in plan.nodes]) as others:
@@ -623,8 +653,14 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
 
 
 def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
-    """The runtime's cost per message: the loopback ar lap measured, minus the simulated one without
-    it, over the hops of a lap (D0 -> stages -> D0)."""
+    """Each stage's speed in the deployment (its own `profile` over what the profile gives for its
+    layers, the median over row counts; set on ``setup``), then the runtime's cost per message: the
+    loopback ar lap measured, minus the simulated one without it, over the hops of a lap (D0 ->
+    stages -> D0)."""
+    stage_s = setup.profile.stage_s(setup.ranges)
+    setup.stage_factors = [float(statistics.median(own / stage_s(i, n, STAGE_PROFILE_CACHED)
+                                                   for n, own in zip(STAGE_PROFILE_ROWS, seconds)))
+                           for i, seconds in enumerate(loopback.stage_s)] or None
     goals = loopback.goals["ar"]
     free = measured_costs(setup, None, 0.0, d0_shares)
     sims = [simulate_one(setup, "ar", ids, len(g.tokens), free) for ids, g in zip(setup.prompt_ids, goals)]
@@ -633,7 +669,10 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
     hops = len(setup.ranges) + 1
     return {"message_s": max(0.0, (measured - simulated) / hops),
             "message_s_from": f"loopback deployment (links off), ar: {measured * 1e3:.1f} ms a token measured, "
-                              f"{simulated * 1e3:.1f} ms simulated without it, over {hops} hops"}
+                              f"{simulated * 1e3:.1f} ms simulated without it, over {hops} hops",
+            "stage_factors": setup.stage_factors,
+            "stage_factors_from": f"each stage's own profile service in the loopback deployment ({STAGE_PROFILE_ROWS} "
+                                  f"rows over {STAGE_PROFILE_CACHED} cached) over the in-process profile's"}
 
 
 def link_rows(setup: Setup, link: LinkSetting, runs: list[Measured], costs, chunking: tuple, modes: list[str],
@@ -668,10 +707,12 @@ def link_rows(setup: Setup, link: LinkSetting, runs: list[Measured], costs, chun
 
 def projected_rows(setup: Setup, paper, modes: list[str], max_new_tokens: int, prompts: int, bar,
                    oracle: bool = False) -> list[dict]:
-    """4 and 8 stages with the papers' Jetson-class costs; SmolLM2's tokens and acceptance. ``oracle``:
-    the drafting modes again with a draft that is always right (the target drafting for itself, at
-    the same draft cost): what the schedules make of the pipeline once acceptance is no limit."""
+    """4 and 8 stages with the papers' Jetson-class costs and FlowSpec's own tree setting (PAPER_SHAPE,
+    every method alike); SmolLM2's tokens and acceptance. ``oracle``: the drafting modes again with a
+    draft that is always right (the target drafting for itself, at the same draft cost): what the
+    schedules make of the pipeline once acceptance is no limit."""
     from edge_llm_ros.core.drafters import ModelDrafter
+    from edge_llm_ros.core.pipeline import PAPER_SHAPE
     from edge_llm_ros.core.pipesim import even_ranges
 
     drafts = [(SHIPPED, setup.drafter, modes)]
@@ -686,7 +727,7 @@ def projected_rows(setup: Setup, paper, modes: list[str], max_new_tokens: int, p
                 timelines = []
                 for ids in setup.prompt_ids[:prompts]:
                     timelines.append(simulate_one(setup, mode, ids, max_new_tokens, paper.cost_model(stages),
-                                                  ranges=ranges, drafter=drafter))
+                                                  ranges=ranges, drafter=drafter, shape=PAPER_SHAPE))
                     bar.update(1)
                 rows.append(simulated_row(setup, mode, f"{paper.link.describe()} (simulated link)", timelines,
                                           stages=stages, device=paper.device, references=setup.references,
@@ -733,6 +774,7 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
               paper, cores, d0_shares, drift: float, calibration: dict, max_new_tokens: int,
               hop: list[dict] | None = None) -> dict:
     from edge_llm_ros.core.device_profile import cpu_name
+    from edge_llm_ros.core.pipeline import PAPER_SHAPE
 
     profile = setup.profile
     report = {
@@ -766,7 +808,10 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
                        "row_factor": paper.row_factor, "head_layers": paper.head_layers, "draft_s": paper.draft_s,
                        "row_bytes": paper.row_bytes,
                        "link": paper.link.describe(), "derivation": list(paper.derivation),
-                       "inputs": [asdict(c) for c in paper.inputs]},
+                       "inputs": [asdict(c) for c in paper.inputs],
+                       "trees": {**asdict(PAPER_SHAPE), "in_flight": "the stage count",
+                                 "source": "FlowSpec's reference code, config/run_config.py (mode eval), every "
+                                           "method alike"}},
         "notes": [
             f"links: {LABEL} (the runtime's token bucket and one-way delay on every hop, in the sending process); "
             "all processes share this machine",
@@ -778,8 +823,9 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
             "rounds (ALR null). chunk_pp sends each round's tree in chunks of the segment's rows (FlowSpec §V-A: one "
             "setting for every method); every chunk's answer is a turn",
             "simulated rows: core.pipesim.simulate, the same schedulers and stages in this process; the 4 and 8 "
-            "stage rows take their costs from the papers (projection.inputs, every number cited) and SmolLM2's "
-            "tokens and acceptance (its target and draft ran in the simulator)",
+            "stage rows take their costs from the papers (projection.inputs, every number cited), FlowSpec's own "
+            "tree setting for every method (projection.trees) and SmolLM2's tokens and acceptance (its target and "
+            "draft ran in the simulator)",
             "lossless: every request's tokens equal the engine's ar output (a trailing EOS on one side only is "
             "not a difference)",
         ],
@@ -811,7 +857,9 @@ def format_table(report: dict) -> str:
              f"cost model: draft {cm['draft_s_per_forward'] * 1e3:.1f} ms/forward + "
              f"{cm['draft_s_per_draft'] * 1e3:.1f} ms/draft, runtime {cm['message_s'] * 1e3:.2f} ms/message "
              f"({cm['message_s_from']}); per-layer costs drifted {cm['profile_drift']:+.1%} between the profiles "
-             "before and after the deployments",
+             "before and after the deployments; the stages ran at "
+             + " and ".join(f"{f:.2f}x" for f in cm.get("stage_factors") or []) + " the profile's seconds "
+             "(their own profile service)",
              f"{'source':<10}{'stages':>6}  {'link':<42}{'mode':<18}{'tok/s':>7}{'err':>6}{'e2e':>7}{'ALT':>6}"
              f"{'ALR':>6}{'TTFT ms':>8}{'util':>6}  lossless"]
     errors = {(c["link"], c["mode"]): c["error"] for c in report["comparisons"]}
@@ -849,9 +897,12 @@ def format_table(report: dict) -> str:
     for t in report["targets"]:
         value = fmt_value(t["value"], "+.1%") if "error" in t["target"] else fmt_value(t["value"], ".2f")
         lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {value} (goal {t['goal']})")
+    trees = report["projection"]["trees"]
     lines.append(f"projected costs ({report['projection']['device']}, {report['projection']['model']}): "
                  f"{report['projection']['layer_s'] * 1e3:.2f} ms/layer, draft "
-                 f"{report['projection']['draft_s'] * 1e3:.1f} ms/forward, {report['projection']['link']}; inputs "
+                 f"{report['projection']['draft_s'] * 1e3:.1f} ms/forward, {report['projection']['link']}; trees: "
+                 f"{trees['init_size']} nodes (top-{trees['branch']}, depth {trees['init_depth']}) in segments of "
+                 f"{trees['segment']}, expansions of {trees['expand_size']} (FlowSpec's evaluation setting); inputs "
                  "and derivation in the JSON")
     return "\n".join(lines)
 

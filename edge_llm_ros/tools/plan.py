@@ -151,9 +151,9 @@ def measured_acceptance(model: Path, err: TextIO):
     return None
 
 
-def launch_commands(plan: PipelinePlan) -> list[str]:
-    args = " ".join(plan.launch_arguments())
-    return [f"edge-llm-ros launch stages {args}", f"ros2 launch edge_llm_ros stages.launch.py {args}"]
+def launch_commands(path: Path) -> list[str]:
+    """The commands that launch the plan written at ``path`` (stages.launch.py's ``plan`` argument)."""
+    return [f"edge-llm-ros launch stages plan:={path}", f"ros2 launch edge_llm_ros stages.launch.py plan:={path}"]
 
 
 def plan_pipeline_command(args, out: TextIO, err: TextIO) -> int:
@@ -190,7 +190,8 @@ def plan_pipeline_command(args, out: TextIO, err: TextIO) -> int:
     print(f"\nplan: {plan.reason}", file=out)
     print(f"\nwrote {path} (planned in {time.monotonic() - start:.1f} s): its parameters, layered over "
           "config/stages.yaml; launch it with", file=out)
-    print("\n".join(f"  {command}" for command in launch_commands(plan)), file=out, flush=True)
+    print("\n".join(f"  {command}" for command in launch_commands(path)), file=out, flush=True)
+    print(f"  (or with its launch arguments: {' '.join(plan.launch_arguments())})", file=out, flush=True)
     return 0
 
 

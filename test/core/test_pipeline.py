@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edge_llm_ros.core import generate_all, preset
 from edge_llm_ros.core.drafters import ModelDrafter, TreeSpec
 from edge_llm_ros.core.models import load_model, tiny_llama
-from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
+from edge_llm_ros.core.pipeline import PAPER_SHAPE, ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
 from edge_llm_ros.core.pipesim import CostModel, CountingDrafter, Link, simulate
 from edge_llm_ros.core.stages import Stage, load_stage_model
 
@@ -40,6 +42,20 @@ def schedulers(prompt, drafter, new_tokens, chunks):
                                                segment=4, in_flight=3), **kw)}
 
 
+class SpecLog:
+    """A drafter that records the widths it was asked for."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.widths = drafter, []
+
+    def propose(self, context, spec, sampler):
+        self.widths.append(spec.width)
+        return self.drafter.propose(context, spec, sampler)
+
+    def update(self, tree, verification) -> None:
+        self.drafter.update(tree, verification)
+
+
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
@@ -59,6 +75,20 @@ def test_every_mode_through_stages_commits_the_targets_greedy_tokens_on_a_tiny_m
         assert timeline.tokens == expected, mode
         assert timeline.times == sorted(timeline.times) and timeline.ttft_s > 0
     assert scheduler.rounds > 1 and scheduler.prunes  # flowspec: rounds ended, rows were pruned
+
+
+def test_flowspec_in_the_papers_setting_is_lossless_and_expands_only_from_new_context(tiny_folder):
+    """PAPER_SHAPE (FlowSpec's evaluation setting: 80-node trees, segments of 16, 64-node expansions,
+    no score-aware expansion): the target's greedy tokens, and every draft is either a round's
+    initial tree or a context-aware expansion."""
+    target = load_model(tiny_folder, with_tokenizer=False)
+    prompt = [3, 17, 22, 9, 41, 5, 30, 12, 7]
+    expected = generate_all(target, prompt, preset("ar", max_new_tokens=40)).tokens
+    log = SpecLog(ModelDrafter(target.truncated(2)))
+    scheduler = FlowSpec("paper", prompt, CountingDrafter(log), replace(PAPER_SHAPE, in_flight=3), max_new_tokens=40)
+    timeline = simulate(scheduler, stages_of(tiny_folder, [0, 2, 5]), UNIT)
+    assert timeline.tokens == expected
+    assert set(log.widths) == {80, 64} and log.widths.count(80) == scheduler.rounds > 1
 
 
 def test_chunk_pp_in_chunks_commits_what_one_message_does_one_turn_per_chunk(tiny_folder):

@@ -141,28 +141,38 @@ def test_the_params_file_reads_back_and_refuses_edits(plan):
 
 
 def test_the_launcher_accepts_the_plan(plan, tmp_path, capsys):
-    """The plan's launch arguments start its stages and draft_node with its parameters, and the params
-    file layered over config/stages.yaml gives each node the same (a later ROS 2 params file wins)."""
-    from edge_llm_ros.runtime.launcher import apply_launch_args, load_plan, main as launch
-    from edge_llm_ros.runtime.params import load_params_file
+    """`plan:=FILE` layers the plan over config/stages.yaml: its stages and draft_node start with its
+    parameters (a later ROS 2 params file wins), a launch argument still overrides it, and a plan
+    edited since it was made, or a missing file, is refused before anything starts. The plan's
+    launch arguments alone do the same."""
+    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan, main as launch
+    from edge_llm_ros.runtime.params import RosArgs, parse_ros_args
 
     path = tmp_path / "plan.yaml"
     path.write_text(plan.to_yaml())
-    launch_plan = load_plan("stages")
-    apply_launch_args(launch_plan, plan.launch_arguments())
-    names = [n.name for n in launch_plan.nodes]
-    assert names == [f"stage_{i}" for i in range(len(plan.stages))] + ["draft_node"]
-    draft = next(n for n in launch_plan.nodes if n.name == "draft_node")
-    assert draft.parameters == {"layers": plan.layers, "mode": plan.mode, "segment": str(plan.segment),
-                                "in_flight": str(plan.in_flight), "prefill_chunk": str(plan.prefill_chunk)}
-    for node in launch_plan.nodes:
-        layered = {**load_params_file(launch_plan.params_file, node.fqn), **load_params_file(path, node.fqn)}
-        assert layered["layers"] == plan.layers and "wire_dtype" in layered
-        if node.name == "draft_node":
-            assert (layered["mode"], layered["segment"], layered["prefill_chunk"]) == \
-                   (plan.mode, plan.segment, plan.prefill_chunk)
-    assert launch(["stages", *plan.launch_arguments(), "-s"]) == 0  # every argument known, the stages valid
-    assert "prefill_chunk:=" in capsys.readouterr().out
+    stages = [f"stage_{i}" for i in range(len(plan.stages))]
+    for arguments in ([f"plan:={path}"], plan.launch_arguments()):
+        launch_plan = load_plan("stages")
+        apply_launch_args(launch_plan, [*arguments, "wire_dtype:=float16"])
+        assert [n.name for n in launch_plan.nodes] == [*stages, "draft_node"]
+        for node in launch_plan.nodes:
+            command = node.command(launch_plan.params_files)
+            given: RosArgs = parse_ros_args(command[command.index("--ros-args"):])
+            params = given.parameters(node.fqn)  # as the node reads them: params files in order, then -p
+            assert params["layers"] == plan.layers and params["wire_dtype"] == "float16"
+            if node.name == "draft_node":
+                assert (params["mode"], params["segment"], params["in_flight"], params["prefill_chunk"]) == \
+                       (plan.mode, plan.segment, plan.in_flight, plan.prefill_chunk)
+    assert launch(["stages", f"plan:={path}", "-s"]) == 0
+    shown = capsys.readouterr().out
+    assert f"layers:={plan.layers}" in shown and "plan:=FILE    a params file layered over " in shown
+
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(plan.to_yaml().replace(f"segment: {plan.segment}", f"segment: {plan.segment + 1}", 1))
+    for bad, message in ((edited, r"plan:=.*edited.yaml: the plan's segment:=\d+ were edited"),
+                         (tmp_path / "none.yaml", r"launch argument plan:=.*none.yaml: no such params file")):
+        with pytest.raises(LaunchError, match=message):
+            apply_launch_args(load_plan("stages"), [f"plan:={bad}"])
 
 
 def test_the_plan_message_carries_the_deployment(plan):
@@ -172,8 +182,10 @@ def test_the_plan_message_carries_the_deployment(plan):
     assert list(msg.stage_nodes) == ["/a", "/b", "/c"] and list(msg.prefill_chunks) == list(plan.prefill_chunks)
     back = PipelinePlan.from_message(msg)
     assert [s.layers for s in back.stages] == [s.layers for s in plan.stages]
-    assert (back.mode, back.segment, back.prefill_chunks, back.reason) == \
-           (plan.mode, plan.segment, plan.prefill_chunks, plan.reason)
+    assert (back.mode, back.segment, back.in_flight, back.prefill_chunks, back.reason) == \
+           (plan.mode, plan.segment, plan.in_flight, plan.prefill_chunks, plan.reason)
+    assert (msg.segment, msg.in_flight) == (plan.segment, plan.in_flight) and plan.in_flight == len(plan.stages)
+    assert msg.tree_width == FlowSpecShape().init_size  # the initial tree, no longer the segment
     assert back.tokens_per_s == pytest.approx(plan.tokens_per_s, rel=1e-6)  # float32 in the message
 
 
@@ -262,7 +274,8 @@ def test_plan_pipeline_prints_the_table_writes_the_file_and_the_launch_command(t
     plan = PipelinePlan.from_yaml(out_path.read_text())
     assert sum(plan.prefill_chunks) == 96 and [s.device for s in plan.stages] == ["xavier_nx", "tx2_a", "tx2_b", "nano"]
     assert "xavier_nx" in out and "pred tok/s" in out and "τ: assumed: Ghidorah Table I" in out
-    assert f"  edge-llm-ros launch stages {' '.join(plan.launch_arguments())}" in out.splitlines()
+    assert f"  ros2 launch edge_llm_ros stages.launch.py plan:={out_path}" in out.splitlines()
+    assert f"  (or with its launch arguments: {' '.join(plan.launch_arguments())})" in out.splitlines()
 
     tight = tmp_path / "tight.yaml"
     tight.write_text(EXAMPLE.read_text().replace("memory_mb: 6000          # Table III: 8 GB\n", "memory_mb: 10\n", 1))

@@ -103,11 +103,10 @@ def outer_env(launch_env) -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in launch_env}
 
 
-@launch_pytest.fixture(scope="module")
-def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
-    """edge_cloud.launch.py from the installed share folder (max_new_tokens:=24 draft_backend:=torch),
-    in the environment of test_ros2's `ros2 launch`: no backend forced, the install's package on
-    PYTHONPATH, a ROS domain of this module's own, no saved device plan."""
+def installed_launch(name: str, arguments: dict[str, str], launch_env, io, proc_info, transitions):
+    """The LaunchDescription that includes launch/``name`` from the installed share folder with
+    ``arguments``, in ``launch_env``, its processes' output, start and exit events and lifecycle
+    transitions recorded in ``io``, ``proc_info`` and ``transitions``."""
     from ament_index_python.packages import get_package_share_directory
     from launch import LaunchDescription
     from launch.actions import (GroupAction, IncludeLaunchDescription, OpaqueFunction, RegisterEventHandler,
@@ -116,7 +115,7 @@ def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
     from launch.launch_description_sources import PythonLaunchDescriptionSource
     from launch_ros.event_handlers import OnStateTransition
 
-    launch_file = Path(get_package_share_directory("edge_llm_ros")) / "launch" / "edge_cloud.launch.py"
+    launch_file = Path(get_package_share_directory("edge_llm_ros")) / "launch" / name
     return LaunchDescription([
         RegisterEventHandler(OnProcessStart(on_start=lambda event, _: proc_info.append(event))),
         RegisterEventHandler(OnProcessIO(on_stdout=io.append, on_stderr=io.append)),
@@ -125,13 +124,21 @@ def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
         # launch sets variables in this process's os.environ; the scoped group restores it after
         # the included nodes have taken their environment
         GroupAction([
-            *(SetEnvironmentVariable(name, value) for name, value in launch_env.items()),
+            *(SetEnvironmentVariable(key, value) for key, value in launch_env.items()),
             IncludeLaunchDescription(PythonLaunchDescriptionSource(str(launch_file)),
-                                     launch_arguments={"max_new_tokens": str(MAX_NEW_TOKENS),
-                                                       "draft_backend": "torch"}.items()),
+                                     launch_arguments=arguments.items()),
         ], scoped=True),
         launch_pytest.actions.ReadyToTest(),
     ])
+
+
+@launch_pytest.fixture(scope="module")
+def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
+    """edge_cloud.launch.py from the installed share folder (max_new_tokens:=24 draft_backend:=torch),
+    in the environment of test_ros2's `ros2 launch`: no backend forced, the install's package on
+    PYTHONPATH, a ROS domain of this module's own, no saved device plan."""
+    return installed_launch("edge_cloud.launch.py", {"max_new_tokens": str(MAX_NEW_TOKENS), "draft_backend": "torch"},
+                            launch_env, io, proc_info, transitions)
 
 
 @pytest.fixture(scope="module")

@@ -584,11 +584,11 @@ def test_params_yaml_alone_runs_one_node_per_entry(tmp_path):
     plan = load_plan(str(solo))
     apply_launch_args(plan, ["mode:=tree", "response_delay_s:=1", "verbose:=true"])
     echo, monitor = plan.nodes
-    assert echo.command(plan.params_file) == [
+    assert echo.command(plan.params_files) == [
         sys.executable, "-m", "edge_llm_ros.nodes.echo_node", "--ros-args", "-r", "__node:=echo_node",
         "-r", "__ns:=/edge_llm", "--params-file", str(solo.resolve()),
         "-p", "mode:=tree", "-p", "response_delay_s:=1.0", "-p", "verbose:=true"]
-    assert monitor.command(plan.params_file)[2:] == [
+    assert monitor.command(plan.params_files)[2:] == [
         "edge_llm_ros.nodes.monitor_node", "--ros-args", "-r", "__node:=monitor_node",
         "--params-file", str(solo.resolve()), "-p", "verbose:=true"]
 
@@ -601,7 +601,7 @@ def test_the_shipped_pipeline_argument_reaches_the_serve_node():
     assert (planner.fqn, serve.fqn, monitor.fqn) == ("/edge_llm/planner_node", "/edge_llm/serve_node", "/edge_llm/monitor")
     assert serve.parameters == {"max_requests": "3", "threads": "1"} and planner.parameters == {"threads": "1"}
     assert monitor.parameters == {}
-    assert serve.command(plan.params_file)[3:] == [
+    assert serve.command(plan.params_files)[3:] == [
         "--ros-args", "-r", "__node:=serve_node", "-r", "__ns:=/edge_llm", "--params-file",
         str(ROOT / "config" / "pipeline.yaml"), "-p", "max_requests:=3", "-p", "threads:=1"]
 

@@ -159,7 +159,8 @@ def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_b
     assert modes[0] == msg.mode and sorted(modes) == ["ar", "chunk_pp", "flowspec"]
     assert list(answer.predicted_tokens_per_s) == sorted(answer.predicted_tokens_per_s, reverse=True)
     assert msg.expected_tokens_per_s == pytest.approx(answer.predicted_tokens_per_s[0])
-    assert answer.message == msg.reason and msg.reason.startswith(f"{msg.mode}: ") and msg.tree_width >= 1
+    assert answer.message == msg.reason and msg.reason.startswith(f"{msg.mode}: ") and msg.segment >= 1
+    assert msg.in_flight == 2 and f"segment {msg.segment}, 2 in flight" in " ".join(answer.candidates)
     named = plan(deployment="pipeline", stage_nodes=["/robot/stage_a", "/robot/stage_b"])
     assert named.success and list(named.plan.stage_nodes) == ["/robot/stage_a", "/robot/stage_b"]
     wrong = plan(deployment="pipeline", stage_nodes=["/robot/stage_a"])

@@ -211,16 +211,17 @@ class PipelinePlan:
     # -- as msg/Plan ----------------------------------------------------------------------------------
 
     def message_fields(self, stage_nodes: Sequence[str] = ()) -> dict:
-        """msg/Plan's fields. tree_width is FlowSpec's segment (the rows verified per message, Ghidorah's
-        verification width), tree_depth/branch/expand its initial tree's; the message has no field
-        for ``in_flight`` (draft_node's parameter; the plan YAML and launch arguments carry it)."""
+        """msg/Plan's fields: ``segment`` (the rows verified per message, Ghidorah's verification width)
+        and ``in_flight`` as draft_node takes them; tree_width/depth/branch/expand describe FlowSpec's
+        initial tree (draft_node's, which Chunk-PP verifies too)."""
         shape = FlowSpecShape()
         return dict(mode=self.mode, backend="torch", draft_backend="" if self.mode == "ar" else "torch",
                     threads=self.threads, stage_layer_begin=[s.layers.start for s in self.stages],
                     stage_layer_end=[s.layers.stop for s in self.stages],
                     stage_nodes=list(stage_nodes) or [f"stage_{i}" for i in range(len(self.stages))],
-                    prefill_chunks=list(self.prefill_chunks), gamma=0, tree_width=self.segment,
+                    prefill_chunks=list(self.prefill_chunks), gamma=0, tree_width=shape.init_size,
                     tree_depth=shape.init_depth, tree_branch=shape.branch, tree_expand=shape.branch,
+                    segment=self.segment, in_flight=self.in_flight,
                     expected_tokens_per_s=self.tokens_per_s, reason=self.reason)
 
     @classmethod
@@ -230,7 +231,7 @@ class PipelinePlan:
         ranges = [range(a, b) for a, b in zip(msg.stage_layer_begin, msg.stage_layer_end, strict=True)]
         stages = tuple(StagePlan(node, r, 0, 0, 0.0) for node, r in zip(msg.stage_nodes, ranges, strict=True))
         chunks = tuple(int(c) for c in msg.prefill_chunks)
-        return cls(stages, sum(chunks), chunks, 0.0, int(msg.tree_width), len(stages),
+        return cls(stages, sum(chunks), chunks, 0.0, int(msg.segment), int(msg.in_flight),
                    (ModePrediction(msg.mode, float(msg.expected_tokens_per_s), msg.reason),), msg.reason,
                    int(msg.threads))
 

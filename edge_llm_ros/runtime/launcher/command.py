@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_args(plan: LaunchPlan) -> None:
+    if plan.overlay:
+        given = ", ".join(map(str, plan.overlays)) or "none"
+        print(f"{plan.overlay}:=FILE    a params file layered over {plan.params_file} (given: {given})")
     for key, values in sorted(plan.launch_arguments().items()):
         defaults = {format_param_value(v) for v in values.values()}
         default = defaults.pop() if len(defaults) == 1 else "(differs per node)"

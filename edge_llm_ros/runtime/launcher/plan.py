@@ -14,7 +14,7 @@ import re
 import runpy
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,12 +116,14 @@ class NodeSpec:
                    cmd=list(cmd) if cmd else None, prefix=list(prefix),
                    respawn=respawn, respawn_delay=float(delay), respawn_max_retries=retries, lifecycle=lifecycle)
 
-    def command(self, params_file: Path | None) -> list[str]:
+    def command(self, params_files: Sequence[Path] = ()) -> list[str]:
+        """The node's command line: ``params_files`` in order (a later one overrides an earlier one), then
+        the launch arguments' ``-p`` overrides."""
         base = self.prefix + (list(self.cmd) if self.cmd else [sys.executable, "-m", self.module_name])
         ros = ["--ros-args", "-r", f"__node:={self.name}"]
         if self.namespace:
             ros += ["-r", f"__ns:=/{self.namespace}"]
-        if params_file is not None:
+        for params_file in params_files:
             ros += ["--params-file", str(params_file)]
         for key, text in self.parameters.items():
             ros += ["-p", f"{key}:={text}"]
@@ -132,7 +134,7 @@ class NodeSpec:
 
 @dataclass
 class LaunchPlan:
-    """What to run: the nodes and the params file they share."""
+    """What to run: the nodes and the params file they share (with the overlays a launch argument named)."""
 
     source: Path
     nodes: list[NodeSpec]
@@ -141,12 +143,23 @@ class LaunchPlan:
     # launch argument's value as text (the params file's where none was given): a launch file whose
     # node count depends on an argument (launch/stages.launch.py). ValueError: the arguments are bad.
     select: Callable[[dict[str, str]], list[str]] | None = None
+    # The launch file's OVERLAY: the launch argument (`plan` in stages.launch.py) whose value is a params
+    # file layered over params_file; the files it named so far.
+    overlay: str | None = None
+    overlays: list[Path] = field(default_factory=list)
+
+    @property
+    def params_files(self) -> list[Path]:
+        """Every params file the nodes get, in order: a later one overrides an earlier one."""
+        return ([self.params_file] if self.params_file is not None else []) + self.overlays
 
     def node_params(self) -> dict[str, dict[str, Any]]:
-        """Node fqn -> the parameters the params file gives it."""
-        if self.params_file is None:
-            return {node.fqn: {} for node in self.nodes}
-        return {node.fqn: load_params_file(self.params_file, node.fqn) for node in self.nodes}
+        """Node fqn -> the parameters the params files give it."""
+        params: dict[str, dict[str, Any]] = {node.fqn: {} for node in self.nodes}
+        for path in self.params_files:
+            for node in self.nodes:
+                params[node.fqn].update(load_params_file(path, node.fqn))
+        return params
 
     def launch_arguments(self) -> dict[str, dict[str, Any]]:
         """Parameter name -> {node fqn: value in the params file}: what `name:=value` may override."""
@@ -159,12 +172,12 @@ class LaunchPlan:
 
 def read_launch_file(path: Path) -> tuple[list[NodeSpec], str | None]:
     """NODES and CONFIG of a launch file, read without calling generate_launch_description()."""
-    nodes, config, _ = _read_launch_scope(path)
+    nodes, config, _, _ = _read_launch_scope(path)
     return nodes, config
 
 
-def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable | None]:
-    """NODES, CONFIG and select_nodes (None if the file has none) of a launch file."""
+def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable | None, str | None]:
+    """NODES, CONFIG, select_nodes and OVERLAY (None where the file has none) of a launch file."""
     try:
         scope = runpy.run_path(str(path), run_name="__edge_llm_launch__")
     except FileNotFoundError:
@@ -172,8 +185,11 @@ def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable
     except Exception as exc:  # a launch file is user code: any failure is a bad input
         raise LaunchError(f"{path}: cannot load launch file ({type(exc).__name__}: {_one_line(exc)})") from None
     nodes, config, select = scope.get("NODES"), scope.get("CONFIG"), scope.get("select_nodes")
+    overlay = scope.get("OVERLAY")
     if select is not None and not callable(select):
         raise LaunchError(f"{path}: select_nodes is a function of the launch arguments, got {select!r}")
+    if overlay is not None and not (isinstance(overlay, str) and _TOKEN.fullmatch(overlay)):
+        raise LaunchError(f"{path}: OVERLAY is the name of a launch argument, got {overlay!r}")
     if not isinstance(nodes, (list, tuple)):
         raise LaunchError(f"{path}: a launch file defines NODES = [{{'executable': ..., 'name': ...}}, ...]")
     if config is not None and not isinstance(config, str):
@@ -184,7 +200,7 @@ def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable
         if spec.fqn in seen:
             raise LaunchError(f"{path}: two nodes named {spec.fqn}")
         seen.add(spec.fqn)
-    return specs, config, select
+    return specs, config, select, overlay
 
 
 def find_config(config: str, launch_file: Path) -> Path:
@@ -247,25 +263,36 @@ def load_plan(target: str) -> LaunchPlan:
         return plan_from_params_file(path)
     if path.suffix != ".py" and "/" not in target:
         path = find_launch_file(target)
-    nodes, config, select = _read_launch_scope(path)
+    nodes, config, select, overlay = _read_launch_scope(path)
     if not nodes:
         raise LaunchError(f"{path}: NODES is empty")
     params_file = find_config(config, path) if config else None
     if params_file is not None:
         list_nodes(params_file)  # a missing or malformed params file fails here, before anything runs
-    return LaunchPlan(path, nodes, params_file, select)
+    return LaunchPlan(path, nodes, params_file, select, overlay)
 
 
 def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
-    """`name:=value` launch arguments become `-p` overrides on every node whose parameters have that name."""
-    declared = plan.launch_arguments()
+    """`name:=value` launch arguments become `-p` overrides on every node whose parameters have that name;
+    the launch file's OVERLAY argument names a params file layered over its CONFIG (before the overrides)."""
     for item in arguments:
         key, sep, raw = item.partition(":=")
         if not sep or not key:
             raise LaunchError(f"launch arguments look like name:=value, got '{item}'")
+        if key == plan.overlay and raw:
+            path = Path(raw).expanduser()
+            if not path.is_file():
+                raise LaunchError(f"launch argument {key}:={raw}: no such params file")
+            list_nodes(path)  # a malformed params file fails here, before anything runs
+            plan.overlays.append(path.resolve())
+    declared = plan.launch_arguments()
+    for item in arguments:
+        key, _, raw = item.partition(":=")
+        if key == plan.overlay:
+            continue
         if key not in declared:
             where = plan.params_file or plan.source
-            known = ", ".join(sorted(declared)) or "none"
+            known = ", ".join(sorted([*declared, *([plan.overlay] if plan.overlay else [])])) or "none"
             raise LaunchError(f"unknown launch argument '{key}': no node has that parameter in {where} "
                               f"(known: {known})")
         for node in plan.nodes:

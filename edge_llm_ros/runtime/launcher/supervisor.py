@@ -102,7 +102,7 @@ class Launcher:
         if code is not None:
             return code
         for node in self.plan.nodes:
-            if self._spawn(node.name, node.command(self.plan.params_file), node.required, node=node) is None:
+            if self._spawn(node.name, node.command(self.plan.params_files), node.required, node=node) is None:
                 return 1
         self._log(f"{len(self.plan.nodes)} node(s) running; Ctrl-C to stop")
         if ready_event is not None:
@@ -183,7 +183,7 @@ class Launcher:
         for child in [c for c in self._children if c.respawn_at is not None and c.respawn_at <= now]:
             child.respawn_at = None
             node = child.node
-            fresh = self._spawn(node.name, node.command(self.plan.params_file), node.required, node=node,
+            fresh = self._spawn(node.name, node.command(self.plan.params_files), node.required, node=node,
                                 replace=child)
             if fresh is None:
                 if node.required:

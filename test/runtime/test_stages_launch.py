@@ -1,0 +1,128 @@
+"""stages.launch.py as `ros2 launch` runs it (launch_pytest, rclpy on Fast DDS, loopback only), with a
+plan that `edge-llm-ros plan --pipeline` wrote for two devices: `plan:=FILE` starts the plan's two
+stages and draft_node with the plan's parameters (a launch argument still overrides one), and a
+Generate goal answers with the target's greedy text (`edge-llm-ros generate --mode ar`), in the
+plan's mode. The launch machinery (fixtures, waits) is test_launch_files.py's."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from support import assert_loopback_only, generate_cli
+from test_launch_files import (  # noqa: F401  (fixtures, used by name)
+    STATUS_SUCCEEDED,
+    UP_S,
+    client,
+    domain_id,
+    installed_launch,
+    io,
+    launch_env,
+    outer_env,
+    proc_info,
+    transitions,
+)
+
+launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
+
+pytestmark = pytest.mark.slow  # launched stage processes with SmolLM2
+PROMPT = "Name three colours."
+MAX_NEW_TOKENS = 16
+NODES = ("stage_0", "stage_1", "draft_node")
+DEVICES = """devices:
+  - {name: jetson_a, memory_mb: 4000, layer_ms: 1.0, link: {latency_ms: 1.0, bandwidth_mbps: 1000}}
+  - {name: jetson_b, memory_mb: 4000, layer_ms: 1.0, link: {latency_ms: 1.0, bandwidth_mbps: 1000}}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory, launch_env):
+    """The plan `edge-llm-ros plan --pipeline` writes for two devices (no device plan: τ assumed)."""
+    from edge_llm_ros.core.pipeline_plan import PipelinePlan
+
+    folder = tmp_path_factory.mktemp("pipeline_plan")
+    (folder / "devices.yaml").write_text(DEVICES)
+    path = folder / "plan.yaml"
+    done = subprocess.run([sys.executable, "-m", "edge_llm_ros.cli", "plan", "--pipeline", "--devices",
+                           str(folder / "devices.yaml"), "--prompt-len", "32", "--out", str(path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EDGE_LLM_ROS_PLAN": launch_env["EDGE_LLM_ROS_PLAN"]})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"ros2 launch edge_llm_ros stages.launch.py plan:={path}" in done.stdout
+    return path, PipelinePlan.from_yaml(path.read_text())
+
+
+@launch_pytest.fixture(scope="module")
+def stages(plan, launch_env, outer_env, io, proc_info, transitions):
+    """stages.launch.py from the installed share folder with plan:=FILE and max_new_tokens:=16 (a
+    draft_node parameter the plan does not set), in test_launch_files' environment."""
+    return installed_launch("stages.launch.py", {"plan": str(plan[0]), "max_new_tokens": str(MAX_NEW_TOKENS)},
+                            launch_env, io, proc_info, transitions)
+
+
+def parameters(node, fqn: str, names: list[str]) -> list:
+    """``names`` of node ``fqn`` through its get_parameters service (rcl_interfaces), as Python values."""
+    from rcl_interfaces.srv import GetParameters
+    from rclpy.parameter import parameter_value_to_python
+
+    from hosts import Waitable
+
+    service = node.create_client(GetParameters, f"{fqn}/get_parameters")
+    try:
+        assert service.wait_for_service(timeout_sec=30), f"no {fqn}/get_parameters"
+        answer = Waitable(service.call_async(GetParameters.Request(names=names))).result(UP_S)
+        return [parameter_value_to_python(value) for value in answer.values]
+    finally:
+        node.destroy_client(service)
+
+
+def launched(proc_info, name: str):
+    """The launch action of node /edge_llm/``name`` (stage processes share their executable's name)."""
+    found = [a for a in proc_info.processes() if getattr(a, "node_name", "") == f"/edge_llm/{name}"]
+    return found[0] if found else None
+
+
+def wait_until_active(io, proc_info, transitions, name: str) -> None:
+    """Node /edge_llm/``name`` runs under rclpy and launch saw it become active."""
+    if not io.waitFor(f"[edge_llm.{name}]: runtime: rclpy (ROS 2 jazzy is sourced)", timeout=UP_S, stream="stderr"):
+        pytest.fail(f"{name} did not start under rclpy within {UP_S} s")
+    action = launched(proc_info, name)
+    assert action is not None and transitions.wait_for(action.node_name, "active", UP_S), \
+        f"{name} is {transitions.state.get(getattr(action, 'node_name', ''), 'unconfigured')}, not active"
+
+
+@pytest.mark.launch(fixture=stages)
+def test_the_plan_launches_its_stages_and_answers_with_the_target_greedy_text(plan, client, io, proc_info,
+                                                                            transitions):
+    import psutil
+
+    path, planned = plan
+    assert len(planned.stages) == 2
+    host, action = client
+    Generate = host.action("edge_llm_ros/action/Generate")
+    with ThreadPoolExecutor(1) as pool:
+        expected = pool.submit(generate_cli, PROMPT, MAX_NEW_TOKENS, "torch")  # while the nodes come up
+        for name in NODES:
+            wait_until_active(io, proc_info, transitions, name)
+        assert launched(proc_info, "stage_2") is None  # one stage per range of the plan
+        assert action.wait_for_server(UP_S), "no /edge_llm/generate server: " + "".join(
+            event.text.decode(errors="replace") for event in io)[-3000:]
+        probe = host.Node("stages_launch_probe")
+        got = parameters(probe, "/edge_llm/draft_node",
+                         ["layers", "mode", "segment", "in_flight", "prefill_chunk", "max_new_tokens"])
+        assert got == [planned.layers, planned.mode, planned.segment, planned.in_flight, planned.prefill_chunk,
+                       MAX_NEW_TOKENS]
+        assert parameters(probe, "/edge_llm/stage_1", ["layers", "index"]) == [planned.layers, 1]
+        handle = action.send_goal_async(Generate.Goal(prompt=PROMPT)).result(UP_S)  # max_new_tokens: the node's
+        assert handle.accepted
+        response = handle.get_result_async().result(240)
+        assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
+        assert response.result.text == expected.result(300)
+        assert response.result.stats.mode == planned.mode
+    for name in NODES:
+        assert_loopback_only(psutil.Process(proc_info[launched(proc_info, name)].pid))
