@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.launcher import PACKAGE, LaunchError, NodeSpec, find_config
-from .runtime.params import format_param_value, load_params_file
+from .runtime.params import format_param_value, load_params_files
 
 
 def config_path(config: str) -> Path:
@@ -61,8 +61,7 @@ def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] 
     specs = [NodeSpec.from_entry(entry, source) for entry in nodes]
     params_file = config_path(config)
     files = [str(params_file), *map(str, overlays)]
-    node_params = {spec.fqn: {key: value for path in files for key, value in load_params_file(path, spec.fqn).items()}
-                   for spec in specs}
+    node_params = {spec.fqn: load_params_files(files, spec.fqn) for spec in specs}
 
     defaults: dict[str, set[str]] = {}
     for params in node_params.values():

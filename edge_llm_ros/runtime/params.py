@@ -104,11 +104,7 @@ class RosArgs:
 
     def parameters(self, node_fqn: str) -> dict[str, Any]:
         """The node's parameter overrides: every --params-file in order, then -p."""
-        values: dict[str, Any] = {}
-        for path in self.params_files:
-            values.update(load_params_file(path, node_fqn))
-        values.update(self.params)
-        return values
+        return {**load_params_files(self.params_files, node_fqn), **self.params}
 
 
 def _first(remaps: Iterable[Remap], src: str, node_name: str | None) -> str | None:
@@ -311,6 +307,14 @@ def node_key_matches(key: str, node_fqn: str) -> bool:
     return re.fullmatch(pattern, node_fqn) is not None
 
 
+def load_params_files(paths: Iterable[str | Path], node_fqn: str) -> dict[str, Any]:
+    """The parameters params files give the node `node_fqn`, in order: a later file overrides an earlier one."""
+    values: dict[str, Any] = {}
+    for path in paths:
+        values.update(load_params_file(path, node_fqn))
+    return values
+
+
 def load_params_file(path: str | Path, node_fqn: str) -> dict[str, Any]:
     """The parameters a params file gives the node `node_fqn` ('/ns/name'), dotted names, typed values."""
     node_fqn = "/" + node_fqn.strip("/")
@@ -375,6 +379,6 @@ def resolve_name(name: str, namespace: str, node_name: str,
 
 __all__ = [
     "LOG_LEVELS", "ParamsError", "Remap", "RosArgs", "check_value", "expand_name", "format_param_value", "list_nodes",
-    "load_params_file", "node_fqn", "node_key_matches", "normalize_namespace", "parse_param_value",
+    "load_params_file", "load_params_files", "node_fqn", "node_key_matches", "normalize_namespace", "parse_param_value",
     "parse_ros_args", "read_params_file", "resolve_name",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..params import format_param_value, list_nodes, load_params_file, node_fqn, parse_param_value
+from ..params import format_param_value, list_nodes, load_params_files, node_fqn, parse_param_value
 
 PACKAGE = "edge_llm_ros"
 NODES_PACKAGE = f"{PACKAGE}.nodes"
@@ -155,11 +155,7 @@ class LaunchPlan:
 
     def node_params(self) -> dict[str, dict[str, Any]]:
         """Node fqn -> the parameters the params files give it."""
-        params: dict[str, dict[str, Any]] = {node.fqn: {} for node in self.nodes}
-        for path in self.params_files:
-            for node in self.nodes:
-                params[node.fqn].update(load_params_file(path, node.fqn))
-        return params
+        return {node.fqn: load_params_files(self.params_files, node.fqn) for node in self.nodes}
 
     def launch_arguments(self) -> dict[str, dict[str, Any]]:
         """Parameter name -> {node fqn: value in the params file}: what `name:=value` may override."""
