@@ -50,6 +50,7 @@ from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
 from .throttle import flood_note
 
 ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
+GRAPH_QUERY_FLOOR_S = 2.0  # the least a graph query waits for the router (it returns at the answer)
 LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
 
 
@@ -836,12 +837,15 @@ class Node:
         time): the router is asked for all at once, again until an answer
         holds another session's token or `timeout` after the session's start
         has passed (an otherwise empty system). From then on the cache
-        answers at once.
+        answers at once. However late the first call comes (a loaded machine
+        can spend the whole window importing), it waits for one answer: a
+        query returns as soon as the router has replied, so only a router that
+        never answers costs the floor.
         """
         cache, zid = self.context.graph, self.context.zid
         deadline = cache.started + timeout
         while not cache.complete:
-            cache.query(max(0.05, deadline - time.monotonic()))
+            cache.query(max(GRAPH_QUERY_FLOOR_S, deadline - time.monotonic()))
             if any(e.zid != zid for e in cache.entries()) or time.monotonic() >= deadline:
                 cache.complete = True
             else:

@@ -71,6 +71,7 @@ def test_record_then_replay_reproduces_responses(rt_session, router_endpoint, tm
         recorder.wait_for_line(f"subscribed to {ns}/response", 30)
         assert pub.wait_for_subscribers(20)
         wait_until(lambda: node.count_subscribers(f"{ns}/instruction") >= 2, 20, "echo node and recorder subscribed")
+        wait_until(lambda: node.count_subscribers(f"{ns}/response") >= 2, 20, "this node and the recorder hear responses")
         for text in instructions:
             pub.publish(reg.new("std_msgs/msg/String", data=text))
         wait_until(lambda: sum(c.done for c in live) == 3, 20, "three live responses")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,34 @@ def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
     assert handle.cancel_goal_async().result(20).return_code == 0
     assert result.result(30).status == 5  # CANCELED
     node.destroy_node()
+
+
+def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_answer(rt_session, peer):
+    """A process that first asks the graph after the young window (a loaded machine can spend it
+    importing) must still wait for the router's answer: CI once saw `node list` print nothing, its one
+    query given 50 ms. Here the router answers after 300 ms (and
+    the liveliness history has not come by then)."""
+    from edge_llm_ros.runtime import embedded
+
+    context = embedded.Context(args=[])
+    try:
+        node = embedded.Node("late_graph", context=context)
+        cache, real_query = context.graph, context.graph.query
+        cache.started -= 60.0  # the session opened a minute ago
+
+        def slow_router(timeout: float) -> None:
+            if timeout < 0.3:  # the answer had not come, nor the subscriber's history
+                time.sleep(timeout)
+                with cache._lock:
+                    cache._entries = {k: e for k, e in cache._entries.items() if e.zid == context.zid}
+                return
+            time.sleep(0.3)
+            real_query(timeout)
+
+        cache.query = slow_router
+        assert ("echo_peer", "/rt_test") in node.get_node_names_and_namespaces()
+    finally:
+        context.close()
 
 
 def test_service_without_server_times_out_clearly(rt_session):
