@@ -32,6 +32,27 @@ def test_the_costs_are_measured(model):
     assert described["layer_ms_1_row"] > 0 and described["draft_ms_per_forward"] > 0
     assert model.round_s >= 0 and 0 < model.message_s < 0.05  # one small message on loopback
     assert described["exit_layers"] == [1, 2] and described["predraft_workers"] == 1
+    assert described["server_factor"] == 1.0  # no deployed server asked
+
+
+def test_the_server_runs_at_the_speed_the_deployed_verifier_measured(model, monkeypatch):
+    """server_factor: verifier_node's own seconds over this process's for the same rows (the median);
+    every server cost of the simulation is scaled by it, the robot's are not."""
+    from dataclasses import replace
+
+    from edge_llm_ros.core import device_profile
+
+    here_ms = {1: 10.0, 5: 20.0, 8: 40.0}
+    monkeypatch.setattr(device_profile, "row_costs", lambda target, rows, repeats, prefix: here_ms)
+    node_s = [0.030, 0.040, 0.060]  # 3x, 2x and 1.5x what this process took
+    assert ecs.server_factor(model.verifier.target, node_s) == pytest.approx(2.0)
+    draft = DraftRequest("r", 1, [], 9, [5, 6, 7, 8], [-1, 0, 1, 2], [0.5] * 4)
+    layers = model.verifier.target.layer_ids
+    alone, doubled = model.costs(50.0, 100.0, None), replace(model, server_factor=2.0).costs(50.0, 100.0, None)
+    ready, final = alone.verification(draft, layers, (1,))
+    ready2, final2 = doubled.verification(draft, layers, (1,))
+    assert final2 == pytest.approx(2 * final) and ready2[1] == pytest.approx(2 * ready[1])
+    assert doubled.draft_s == alone.draft_s and doubled.uplink == alone.uplink
 
 
 def test_measured_runs_are_simulated_compared_and_ee_regime_projected(model):

@@ -16,7 +16,11 @@ server that runs one message at a time, first come first served:
 * every sender's messages leave on its link in order (runtime/link.py: a token bucket without
   a burst), then take the latency and ``message_s``, the runtime's own cost per message;
 * a prune is one message on D0's link to every stage, applied when it arrives; rows that
-  overtook their prune wait for it (``Stage.ready``), as in the nodes.
+  overtook their prune wait for it (``Stage.ready``), as in the nodes;
+* stages whose cores compute at the same time slow each other (``contention``: a virtual
+  machine's cores share their host's): while k stages run, each progresses at
+  ``1 / contention ** (k - 1)`` of its own speed, the rest of a running message rescheduled
+  whenever one starts or ends (processor sharing). D0's drafting is not counted in k.
 
 Knows nothing about ROS.
 """
@@ -61,7 +65,8 @@ class CostModel:
     stage -> D0, and D0 -> every stage for prunes: one message on D0's link); ``message_s``: what the
     runtime adds to every message besides the link (serialization, transport, wake-ups);
     ``d0_shares``: the stage whose core D0 runs on (None: a device of its own), one then waiting
-    for the other."""
+    for the other; ``contention``: how many times longer a stage's message takes while another
+    stage computes too (1.0: cores that do not share anything)."""
 
     stage_s: Callable[[int, int, int], float]
     draft_s: float = 0.0
@@ -71,6 +76,7 @@ class CostModel:
     draft_call_s: float = 0.0
     message_s: float = 0.0
     d0_shares: int | None = None
+    contention: float = 1.0
 
 
 @dataclass
@@ -123,6 +129,19 @@ class CountingDrafter:
         return taken
 
 
+@dataclass
+class _Running:
+    """A message a stage is computing, under processor sharing."""
+
+    left_s: float  # its own seconds of work left (what the stage takes alone)
+    since: float  # when left_s was brought up to date
+    started: float
+    rows: Rows
+    out: object
+    slow: float = 1.0  # seconds taken per own second, now
+    token: int = -1  # its current end event's
+
+
 def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
              max_events: int = 1_000_000) -> Timeline:
     """Run ``scheduler``'s request through ``stages`` with simulated time (see the module docstring).
@@ -132,6 +151,8 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
     queues = [deque() for _ in stages]  # rows waiting at each stage
     free_at = [0.0] * len(stages)
     busy = [0.0] * len(stages)
+    running: dict[int, _Running] = {}  # with contention: the message each stage is computing
+    tokens = itertools.count()
     left_at: dict = {}  # sender ("d0" or a stage) -> when its link's last byte left
     d0_free = 0.0
     shared = costs.d0_shares
@@ -183,7 +204,7 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
 
     def try_start(i: int, now: float) -> None:
         """Stage i takes the next rows it can run, if it is idle."""
-        while queues[i] and free_at[i] <= now:
+        while queues[i] and free_at[i] <= now and (i != shared or d0_free <= now):
             rows = queues[i][0]
             if not stages[i].ready(rows):
                 return  # its prune is on the way
@@ -194,10 +215,29 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
             cached = stages[i].cache_length(rows.request_id)
             out = stages[i].run(rows)
             seconds = costs.stage_s(i, len(rows), cached)
-            free_at[i] = now + seconds
-            busy[i] += seconds
-            push(free_at[i], "done", (i, rows, out))
+            if costs.contention == 1.0:
+                free_at[i] = now + seconds
+                busy[i] += seconds
+                push(free_at[i], "done", (i, rows, out, None))
+            else:
+                share(now, i, _Running(seconds, now, now, rows, out))
             return
+
+    def share(now: float, stage: int, job: _Running | None = None) -> _Running | None:
+        """Processor sharing: every running message's work brought up to ``now`` at its old pace,
+        ``stage``'s job started (``job``) or ended (None; returned), then every end rescheduled
+        at the pace the running count gives from now on."""
+        for r in running.values():
+            r.left_s, r.since = max(0.0, r.left_s - (now - r.since) / r.slow), now
+        ended = running.pop(stage) if job is None else None
+        if job is not None:
+            running[stage] = job
+        slow = costs.contention ** max(len(running) - 1, 0)
+        for i, r in running.items():
+            r.slow, r.token = slow, next(tokens)
+            free_at[i] = now + r.left_s * slow
+            push(free_at[i], "done", (i, r.rows, r.out, r.token))
+        return ended
 
     d0(0.0, scheduler.start)
     for _ in range(max_events):
@@ -215,7 +255,11 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
         elif kind == "wake":
             try_start(payload, now)
         elif kind == "done":
-            i, rows, out = payload
+            i, rows, out, token = payload
+            if token is not None:
+                if i not in running or running[i].token != token:
+                    continue  # rescheduled since
+                busy[i] += now - share(now, i).started
             if i + 1 < len(stages):
                 nxt = Rows(rows.request_id, rows.step, rows.prefix_len, rows.first_row, rows.positions, out,
                            rows.visible, rows.after_prune)

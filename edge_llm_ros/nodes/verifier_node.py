@@ -20,6 +20,10 @@ autoregressive decoding (`cloud_tokens`: each generated token is one round, queu
 requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
 robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
 
+`~/profile` (srv/Profile) measures the target here, now: milliseconds per row count over a cached
+prefix, on the verify thread between two drafts (the bench's simulator takes the server's speed
+from it, as the pipeline's from stage_node's).
+
 Lifecycle (nodes/managed.py): configure loads the target and its exits and starts the verify
 thread, activate serves, deactivate answers every new draft with a VerifyResult whose error starts
 "inactive:" (the robot's request ends with it), cleanup frees the model. With `autostart` (the
@@ -38,6 +42,8 @@ from edge_llm_ros.nodes.common import from_message, run_node, stamp, to_message
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
+
+PROFILE_TIMEOUT_S = 120.0  # a profile waits behind the drafts already queued
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,7 @@ class VerifierNode(ManagedNode):
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
         self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
+        self.create_service(rt.service("edge_llm_ros/srv/Profile"), "~/profile", self.on_profile)
         self.outbox = OutcomeSendQueue()  # in every state: a draft to an inactive verifier is answered
         self.stopping = threading.Event()
         idle_timeout_s = self.params.idle_timeout_s
@@ -140,6 +147,39 @@ class VerifierNode(ManagedNode):
         if msg.release and self.serving(msg.request_id):
             self.put(("release", msg.request_id), live=True)
 
+    def on_profile(self, request, response):
+        """Milliseconds the target takes for each count of rows in `token_counts` (default 1, 2, 4, 8)
+        after `prefix_len` cached rows (default 240), measured on the verify thread between two drafts."""
+        from concurrent.futures import Future
+
+        import torch
+
+        counts = [int(n) for n in request.token_counts] or [1, 2, 4, 8]
+        prefix = int(request.prefix_len) or 240
+        response.success = False
+        if refusal := self.refusal():
+            response.message = refusal
+            return response
+        if any(n < 1 or n > 512 for n in counts):
+            response.message = f"token_counts must be 1..512, got {counts}"
+            return response
+        measured: Future = Future()
+        if not self.put(("profile", (counts, prefix, 1 if request.quick else 3, measured)), live=True):
+            response.message = "busy: the verifier's queue is full; retry later"
+            return response
+        try:
+            ms = measured.result(timeout=PROFILE_TIMEOUT_S)
+        except Exception as exc:  # a timeout, or the measurement failed
+            response.message = f"profile failed: {exc!r}"
+            return response
+        response.success = True
+        layers = len(self.verifier.target.layer_ids)
+        response.device = f"verifier_node: the target's {layers} layers, {torch.get_num_threads()} thread(s)"
+        response.message = f"measured {len(counts)} row counts over {prefix} cached rows"
+        response.token_counts = counts
+        response.latency_ms = [ms[n] for n in counts]
+        return response
+
     # -- the worker threads ------------------------------------------------------------------------
 
     def verify_loop(self, inbox) -> None:
@@ -150,6 +190,8 @@ class VerifierNode(ManagedNode):
             kind, item = work
             if kind == "release":
                 self.end(item)
+            elif kind == "profile":
+                self.profile(*item)
             elif kind == "expire":
                 for request_id in self.verifier.expire_idle(self.params.idle_timeout_s):
                     self.get_logger().warning(f"request {request_id!r} idle for over {self.params.idle_timeout_s:g} s "
@@ -206,6 +248,14 @@ class VerifierNode(ManagedNode):
             self.get_logger().error(f"draft {msg.request_id[:64]!r} round {msg.round} failed: {exc!r}")
             self.end(msg.request_id)
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}"))
+
+    def profile(self, counts: list[int], prefix: int, repeats: int, measured) -> None:
+        from edge_llm_ros.core.device_profile import row_costs
+
+        try:
+            measured.set_result(row_costs(self.verifier.target, counts, repeats, prefix=prefix))
+        except Exception as exc:  # answered as a failure; verifying goes on
+            measured.set_exception(exc)
 
     def end(self, request_id: str) -> None:
         self.verifier.end(request_id)

@@ -57,7 +57,7 @@ from edge_llm_ros.core.llama_backend import llama_cpp_available
 from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 
 from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog, bench_main, report_paths
+from .deployment import Deployment, EventLog, ask_profile, bench_main, report_paths
 from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -290,7 +290,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
     node_args += launch_args
     later_modes = [m for m in modes if m != "ar"]  # ar drafts nothing: once per setting, first backend
     goals_total = len(settings) * len(prompts) * (len(modes) + len(later_modes) * (len(backends) - 1))
-    runs, client = [], Client()
+    runs, client, server_s = [], Client(), None
     started = time.perf_counter()
     try:
         with tqdm(total=goals_total, desc="edge-cloud", unit="goal", file=sys.stderr, disable=not progress,
@@ -304,6 +304,11 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                     with Deployment(plan, endpoint, log, "edge-cloud deployment") as deployment:
                         goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
                                           max_new_tokens, bar)
+                        if simulate and server_s is None:  # the server measures itself where it runs
+                            from .edge_cloud_sim import SERVER_CACHED, SERVER_ROWS
+
+                            server_s = ask_profile(client.node, "/edge_llm/verifier_node/profile", SERVER_ROWS,
+                                                   SERVER_CACHED)
                     result = report_backend(goals, prompts, gamma, reference)
                     if i == 0:
                         run.update(result)
@@ -325,7 +330,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
             print("simulating the runs (core/edge_cloud/sim.py, costs measured here)...", file=sys.stderr, flush=True)
             target, exits, drafters = load_nodes_models()
             ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
-            model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens)
+            model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens, server_s=server_s)
             try:
                 simulated = simulate_report(model, runs, modes, ids, gamma, max_new_tokens, bool(cores))
             finally:

@@ -40,13 +40,14 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from . import stage_hop
 from .bench import BUSY_CORES, LOSSLESS_MARK, CpuShare, fmt_value
-from .deployment import Deployment, EventLog, bench_main, report_paths
+from .deployment import Deployment, EventLog, ask_profile, bench_main, report_paths
 from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -119,6 +120,9 @@ class Setup:
     # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
     # profile gives for its layers: how much faster or slower the pinned stage process runs (None: 1)
     stage_factors: list[float] | None = None
+    # how many times longer a stage's message takes while the other stage computes too (two vCPUs of one
+    # host share it): their profiles measured together over each alone (None: 1)
+    contention: float | None = None
     stages: dict = field(default_factory=dict)  # ranges -> in-process stages (each simulation releases its request)
 
     @property
@@ -271,7 +275,8 @@ def measured_costs(setup: Setup, link: LinkSetting | None, message_s: float, d0_
     factors = setup.stage_factors or [1.0] * len(setup.ranges)
     return CostModel(stage_s=lambda stage, rows, cached: factors[stage] * base(stage, rows, cached), draft_s=setup.draft_s,
                      draft_call_s=setup.draft_call_s, row_bytes=setup.row_bytes,
-                     link=link.link() if link else Link(), message_s=message_s, d0_shares=d0_shares)
+                     link=link.link() if link else Link(), message_s=message_s, d0_shares=d0_shares,
+                     contention=setup.contention or 1.0)
 
 
 # -- the deployment -----------------------------------------------------------------------------------
@@ -322,22 +327,18 @@ class Client:
             if time.monotonic() > deadline:
                 raise ToolError(f"/edge_llm/generate did not answer within {START_TIMEOUT_S:g} s")
 
-    def stage_profile(self, index: int, rows: tuple[int, ...], cached: int) -> list[float]:
+    def stage_profile(self, index: int, rows: tuple[int, ...], cached: int,
+                      together: threading.Barrier | None = None) -> list[float]:
         """Stage ``index``'s seconds for each count of ``rows`` over ``cached`` cached rows, as it measures
         itself (stage_node's `profile` service)."""
-        from edge_llm_ros.runtime import service
+        return ask_profile(self.session.node, f"/edge_llm/stage_{index}/profile", rows, cached, together)
 
-        Profile = service("edge_llm_ros/srv/Profile")
-        client = self.session.node.create_client(Profile, f"/edge_llm/stage_{index}/profile")
-        try:
-            if not client.wait_for_service(30.0):
-                raise ToolError(f"stage {index} does not serve profile")
-            answer = client.call(Profile.Request(token_counts=list(rows), prefix_len=cached), timeout_sec=120.0)
-        finally:
-            client.destroy()
-        if not answer.success:
-            raise ToolError(f"stage {index}'s profile failed: {answer.message}")
-        return [float(ms) / 1e3 for ms in answer.latency_ms]  # float32 in the message
+    def stage_profiles_together(self, stages: int, rows: tuple[int, ...], cached: int) -> list[list[float]]:
+        """Every stage's `profile` asked at once: each measures itself while the others compute too."""
+        together = threading.Barrier(stages)
+        with ThreadPoolExecutor(stages) as pool:
+            asked = [pool.submit(self.stage_profile, i, rows, cached, together) for i in range(stages)]
+            return [a.result() for a in asked]
 
     def generate(self, log: EventLog, prompt: str, mode: str, max_new_tokens: int) -> Goal:
         """One greedy goal; its tokens, when it was sent, its first and last feedback, its result,
@@ -452,6 +453,7 @@ class Measured:
     long: list[Goal] = field(default_factory=list)
     other_cores: float | None = None
     stage_s: list[list[float]] = field(default_factory=list)  # [stage][STAGE_PROFILE_ROWS]: the stages' own `profile`
+    stage_s_together: list[list[float]] = field(default_factory=list)  # the same, every stage asked at once
 
 
 def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, measured: Measured,
@@ -467,6 +469,8 @@ def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, m
         if measured.link is None:  # each stage measures itself where it runs (Jupiter: each device profiles)
             measured.stage_s = [client.stage_profile(i, STAGE_PROFILE_ROWS, STAGE_PROFILE_CACHED)
                                 for i in range(len(setup.ranges))]
+            measured.stage_s_together = client.stage_profiles_together(len(setup.ranges), STAGE_PROFILE_ROWS,
+                                                                       STAGE_PROFILE_CACHED)
         if setup.long_text:
             client.generate(log, setup.long_text, "ar", 1)
         with Others(deployment, [n.name for n in plan.nodes]) as others:
@@ -661,6 +665,9 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
     setup.stage_factors = [float(statistics.median(own / stage_s(i, n, STAGE_PROFILE_CACHED)
                                                    for n, own in zip(STAGE_PROFILE_ROWS, seconds)))
                            for i, seconds in enumerate(loopback.stage_s)] or None
+    ratios = [t / a for alone, together in zip(loopback.stage_s, loopback.stage_s_together)
+              for a, t in zip(alone, together)]
+    setup.contention = float(statistics.median(ratios)) if ratios else None
     goals = loopback.goals["ar"]
     free = measured_costs(setup, None, 0.0, d0_shares)
     sims = [simulate_one(setup, "ar", ids, len(g.tokens), free) for ids, g in zip(setup.prompt_ids, goals)]
@@ -672,7 +679,11 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
                               f"{simulated * 1e3:.1f} ms simulated without it, over {hops} hops",
             "stage_factors": setup.stage_factors,
             "stage_factors_from": f"each stage's own profile service in the loopback deployment ({STAGE_PROFILE_ROWS} "
-                                  f"rows over {STAGE_PROFILE_CACHED} cached) over the in-process profile's"}
+                                  f"rows over {STAGE_PROFILE_CACHED} cached) over the in-process profile's",
+            "contention": setup.contention,
+            "contention_from": "the same profiles asked of every stage at once over each asked alone (median): "
+                               "a stage's slowdown while the other core computes, applied by the simulator "
+                               "whenever both stages compute (processor sharing)"}
 
 
 def link_rows(setup: Setup, link: LinkSetting, runs: list[Measured], costs, chunking: tuple, modes: list[str],
@@ -859,7 +870,7 @@ def format_table(report: dict) -> str:
              f"({cm['message_s_from']}); per-layer costs drifted {cm['profile_drift']:+.1%} between the profiles "
              "before and after the deployments; the stages ran at "
              + " and ".join(f"{f:.2f}x" for f in cm.get("stage_factors") or []) + " the profile's seconds "
-             "(their own profile service)",
+             f"(their own profile service), {cm.get('contention') or 1.0:.2f}x that while both compute",
              f"{'source':<10}{'stages':>6}  {'link':<42}{'mode':<18}{'tok/s':>7}{'err':>6}{'e2e':>7}{'ALT':>6}"
              f"{'ALR':>6}{'TTFT ms':>8}{'util':>6}  lossless"]
     errors = {(c["link"], c["mode"]): c["error"] for c in report["comparisons"]}

@@ -3,7 +3,8 @@
 Contract: :class:`Deployment` runs a LaunchPlan (``runtime/launcher``) until it is left, and knows
 each process by the launcher's own lines (pid, RSS, a kill on request, deaths nobody asked for);
 :class:`EventLog` is the text stream the launcher writes to, every line kept with the time it
-came, so a bench can wait for a line and time what happened between two.
+came, so a bench can wait for a line and time what happened between two; :func:`ask_profile`
+asks a deployed node to measure itself (srv/Profile).
 """
 
 from __future__ import annotations
@@ -190,3 +191,24 @@ def bench_main(argv, out, err, run, format_table, plot, failures, verdict: str =
     for line in failures(report):
         print(line, file=err, flush=True)
     return 0 if report[verdict] else 1
+
+
+def ask_profile(node, service: str, rows: tuple[int, ...], cached: int,
+                together: threading.Barrier | None = None) -> list[float]:
+    """The seconds a deployed node's `profile` service (stage_node, verifier_node) measures for each
+    count of ``rows`` over ``cached`` cached rows; asked when every party of ``together`` is ready."""
+    from edge_llm_ros.runtime import service as srv_type
+
+    Profile = srv_type("edge_llm_ros/srv/Profile")
+    client = node.create_client(Profile, service)
+    try:
+        if not client.wait_for_service(30.0):
+            raise ToolError(f"nothing serves {service}")
+        if together is not None:
+            together.wait(30.0)
+        answer = client.call(Profile.Request(token_counts=list(rows), prefix_len=cached), timeout_sec=120.0)
+    finally:
+        client.destroy()
+    if not answer.success:
+        raise ToolError(f"{service} failed: {answer.message}")
+    return [float(ms) / 1e3 for ms in answer.latency_ms]  # float32 in the message

@@ -1,7 +1,8 @@
 """The edge-cloud bench's simulated rows (issue 14): core.edge_cloud.sim with this machine's costs for
 every measured link setting and mode, beside the measurement, and a projection to EE's regime.
 
-Costs, all measured in this process before simulating; none is fitted to the deployments' rows:
+Costs, measured in this process before simulating, and the server's speed as the deployed node
+measured itself; none is fitted to the deployments' rows:
 
 * the target's seconds per decoder layer and per head, by rows and cached rows
   (pipesim.LayerProfile, one thread, as verifier_node runs);
@@ -9,6 +10,11 @@ Costs, all measured in this process before simulating; none is fitted to the dep
   rounds in this process, minus what the profile gives for them (the median);
 * the draft's seconds per draft forward (pipesim.DraftCost over timed drafts);
 * the runtime's cost per message: a one-row message's hop on loopback (tools.stage_hop, p50);
+* the deployed server's speed: verifier_node's own `profile` (the target over SERVER_ROWS rows after
+  SERVER_CACHED cached, measured in the node during the first deployment) over the same measured
+  here (the median): every server cost above is scaled by it, as the pipeline bench scales each
+  stage by its own profile (the same code timed in this process ran 1.09 ms a layer in one run
+  and 2.28 ms an hour later, while the node reported the same);
 * each run's link (one-way RTT/2 and the bandwidth each way); the two nodes share two cores, as the
   unpinned bench runs them (pinned: a core each).
 
@@ -36,6 +42,7 @@ PROFILE_CACHED = (0, 64, 256)
 EXIT_LAYERS = (16, 24)  # verifier_node's exit_layers default (config/edge_cloud.yaml)
 PREDRAFT_WORKERS = 1  # draft_node's default
 CORES = 2  # the bench's two processes share this machine's two cores (unpinned)
+SERVER_ROWS, SERVER_CACHED = (1, 5, 8), 64  # what verifier_node measures of itself (ar and sd rounds' sizes)
 
 
 @dataclass
@@ -48,6 +55,7 @@ class Calibrated:
     draft: object  # pipesim.DraftCost
     round_s: float
     message_s: float
+    server_factor: float = 1.0  # the deployed verifier's own seconds over this process's, same rows
 
     def costs(self, rtt_ms: float, bandwidth_mbps: float, cores: int | None):
         from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
@@ -55,13 +63,14 @@ class Calibrated:
 
         link = Link(rtt_ms / 2e3, bandwidth_mbps * 1e6)
         return EdgeCloudCosts.measured(self.profile, self.draft, link, link, round_s=self.round_s,
-                                       message_s=self.message_s, cores=cores)
+                                       message_s=self.message_s, cores=cores).server_scaled(self.server_factor)
 
     def describe(self) -> dict:
         return {"layer_ms_1_row": self.profile.layer_s[0][0] * 1e3, "head_ms_1_row": self.profile.head_s[0] * 1e3,
                 "draft_ms_per_forward": self.draft.per_forward_s * 1e3,
                 "draft_ms_per_draft": self.draft.per_draft_s * 1e3, "verifier_round_ms": self.round_s * 1e3,
-                "message_ms": self.message_s * 1e3, "exit_layers": list(self.verifier.exit_layers),
+                "message_ms": self.message_s * 1e3, "server_factor": self.server_factor,
+                "exit_layers": list(self.verifier.exit_layers),
                 "predraft_workers": self.robot.cache.workers}
 
 
@@ -79,9 +88,12 @@ def load_nodes_models():
 
 
 def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max_new_tokens: int,
-              exit_layers=EXIT_LAYERS, profile_rows=PROFILE_ROWS, profile_cached=PROFILE_CACHED) -> Calibrated:
+              exit_layers=EXIT_LAYERS, profile_rows=PROFILE_ROWS, profile_cached=PROFILE_CACHED,
+              server_s: list[float] | None = None) -> Calibrated:
     """Build the verifier and the robot as the nodes do and measure the costs (module docstring) with
-    fsd requests of ``prompts``; needs a zenoh router (the message's cost is measured through it)."""
+    fsd requests of ``prompts``; ``server_s``: verifier_node's own seconds for SERVER_ROWS over
+    SERVER_CACHED (None: the server as fast as this process); needs a zenoh router (the message's
+    cost is measured through it)."""
     from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter, EarlyExitVerifier, preset
     from edge_llm_ros.core.decoding import eos_ids
     from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts, simulate_edge_cloud
@@ -117,7 +129,16 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
         for draft, seconds in rounds if draft.round > 0)
     draft = DraftCost.fit([entry for d in timed for entry in d.log])
     hop = stage_hop.measure(rows=(1,), count=50, warmup=5)[0]
-    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3)
+    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3,
+                      server_factor(target, server_s) if server_s else 1.0)
+
+
+def server_factor(target, server_s: list[float], repeats: int = 5) -> float:
+    """The deployed verifier's seconds for SERVER_ROWS over what the same rows take here (the median)."""
+    from edge_llm_ros.core.device_profile import row_costs
+
+    here = row_costs(target, SERVER_ROWS, repeats, prefix=SERVER_CACHED)
+    return float(statistics.median(node / (here[n] / 1e3) for n, node in zip(SERVER_ROWS, server_s)))
 
 
 def simulate_mode(model: Calibrated, mode: str, prompts: list[list[int]], gamma: int, max_new_tokens: int,

@@ -6,7 +6,7 @@
   stage processes: test/runtime/test_stage_pipeline.py.
 - After the request every stage's cache held prompt + accepted tokens (checked before release).
 - The simulator reproduces a hand-computed schedule exactly on a toy profile, with and without
-  pipelined prefill.
+  pipelined prefill, and with cores that slow each other.
 """
 
 from __future__ import annotations
@@ -158,3 +158,9 @@ def test_the_simulator_reproduces_a_hand_computed_schedule(tiny_folder):
                        stages_of(tiny_folder, [0, 2, 5]), toy)
     assert chunked.times == pytest.approx([4.5, 6.2, 7.9])
     assert chunked.turns == 2 and chunked.alt == 1.0
+    # cores that slow each other 2x while both compute: B S0 1.5-3.0 (from 2.0 at half pace beside A),
+    # A S1 2.0-3.5 (half pace until B leaves S0 at 3.0, then alone); B S1 3.5-4.5; D0 5.0; a lap 1.7
+    shared = simulate(PipelineAR("c", prompt, max_new_tokens=3, prefill_chunks=[10, 10]),
+                      stages_of(tiny_folder, [0, 2, 5]), replace(toy, contention=2.0))
+    assert shared.times == pytest.approx([5.0, 6.7, 8.4])
+    assert shared.busy_s == pytest.approx([1.0 + 1.5 + 0.2, 1.5 + 1.0 + 0.2])

@@ -299,6 +299,26 @@ def test_cli_send_goal_succeeds(nodes):
     assert "mode: ee" in result.stdout
 
 
+def test_the_verifier_measures_itself_on_request_between_drafts(nodes):
+    """`~/profile`: the target's milliseconds per row count over a cached prefix, measured in the node
+    (the edge-cloud bench's simulator takes the server's speed from it); bad counts refused."""
+    from edge_llm_ros import runtime as rt
+
+    probe = nodes[2]  # on the embedded backend (the fixture's default)
+    Profile = rt.service("edge_llm_ros/srv/Profile")
+    client = probe.create_client(Profile, "/edge_llm/verifier_node/profile")
+    try:
+        assert client.wait_for_service(20)
+        answer = client.call(Profile.Request(token_counts=[1, 5], prefix_len=64, quick=True), timeout_sec=120)
+        assert answer.success, answer.message
+        assert list(answer.token_counts) == [1, 5] and len(answer.latency_ms) == 2
+        assert all(ms > 0 for ms in answer.latency_ms) and "thread" in answer.device
+        refused = client.call(Profile.Request(token_counts=[0]), timeout_sec=30)
+        assert not refused.success and "token_counts must be 1..512, got [0]" in refused.message
+    finally:
+        client.destroy()
+
+
 def test_malformed_draft_gets_an_error_naming_the_field(nodes):
 
     _, _, probe, _, host = nodes

@@ -228,17 +228,20 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
     pool = ThreadPoolExecutor(1)  # the expected texts, computed while the CLI calls wait on discovery
     expected = {n: pool.submit(generate_cli, PROMPT, n) for n in (128, 24, 5)}
     try:
-        ros2_shows(env, ["/edge_llm/planner_node\n", "/edge_llm/serve_node\n", "/edge_llm/monitor\n"],
-                   "node", "list", "--no-daemon", "--spin-time", "3")
-        ros2_shows(env, [f"  {name}\n" for name in ("max_requests", "max_pending", "backend", "mode", "context")],
-                   "param", "list", "--no-daemon", "/edge_llm/serve_node")
-        ros2_shows(env, ["Integer value is: 16"], "param", "get", "--no-daemon", "/edge_llm/serve_node", "max_requests")
-        # serve_node is the one managed node; the launch took it to active (test_launcher: autostart false)
-        nodes = ros2_shows(env, ["/edge_llm/serve_node"], "lifecycle", "nodes", "--no-daemon", "--spin-time", "3")
+        # read-only checks, at once: each CLI run mostly waits on discovery
+        with ThreadPoolExecutor(6) as reads:
+            checks = [reads.submit(ros2_shows, env, wanted, *args) for wanted, args in [
+                (["/edge_llm/planner_node\n", "/edge_llm/serve_node\n", "/edge_llm/monitor\n"],
+                 ("node", "list", "--no-daemon", "--spin-time", "3")),
+                ([f"  {name}\n" for name in ("max_requests", "max_pending", "backend", "mode", "context")],
+                 ("param", "list", "--no-daemon", "/edge_llm/serve_node")),
+                (["Integer value is: 16"], ("param", "get", "--no-daemon", "/edge_llm/serve_node", "max_requests")),
+                # serve_node is the one managed node; the launch took it to active (test_launcher: autostart false)
+                (["/edge_llm/serve_node"], ("lifecycle", "nodes", "--no-daemon", "--spin-time", "3")),
+                (["active [3]"], ("lifecycle", "get", "--no-daemon", "/edge_llm/serve_node")),
+                (["Subscription count: 1"], ("topic", "info", "--no-daemon", "/edge_llm/response"))]]
+            nodes = [c.result() for c in checks][3]
         assert "planner_node" not in nodes and "monitor" not in nodes
-        ros2_shows(env, ["active [3]"], "lifecycle", "get", "--no-daemon", "/edge_llm/serve_node")
-
-        ros2_shows(env, ["Subscription count: 1"], "topic", "info", "--no-daemon", "/edge_llm/response")
         ros2(env, "topic", "pub", "--once", "-w", "1", "/edge_llm/instruction", "std_msgs/msg/String",
              json.dumps({"data": PROMPT}))
         echo.wait_for_line("done: true", 120)
@@ -256,11 +259,15 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
 
     # parameters: described with their ranges; out of range or read-only refused; a dynamic one applies
     serve = "/edge_llm/serve_node"
-    ros2_shows(env, ["Min value: 1", "Max value: 1024", "Read only: true"],
-               "param", "describe", "--no-daemon", serve, "max_requests")
-    ros2_shows(env, ["Setting parameter failed", "out of range. Min: 1, Max: 1000000"],
-               "param", "set", "--no-daemon", serve, "max_new_tokens", "0")
-    ros2_shows(env, ["Setting parameter failed", "read-only"], "param", "set", "--no-daemon", serve, "max_requests", "4")
+    with ThreadPoolExecutor(3) as calls:  # none of these changes anything
+        refused = [calls.submit(ros2_shows, env, wanted, *args) for wanted, args in [
+            (["Min value: 1", "Max value: 1024", "Read only: true"],
+             ("param", "describe", "--no-daemon", serve, "max_requests")),
+            (["Setting parameter failed", "out of range. Min: 1, Max: 1000000"],
+             ("param", "set", "--no-daemon", serve, "max_new_tokens", "0")),
+            (["Setting parameter failed", "read-only"], ("param", "set", "--no-daemon", serve, "max_requests", "4"))]]
+        for call in refused:
+            call.result()
     ros2_shows(env, ["Set parameter successful"], "param", "set", "--no-daemon", serve, "max_new_tokens", "5")
     pipeline.wait_for_line("parameters: max_new_tokens 5", 10)
     streamed, result, status = send_goal(env, PROMPT, 0)  # 0: the node's max_new_tokens

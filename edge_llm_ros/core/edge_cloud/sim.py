@@ -39,7 +39,7 @@ import itertools
 from bisect import insort
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import GenerationConfig
 from ..decoding import draft_step
@@ -96,6 +96,14 @@ class EdgeCloudCosts:
         rest.setdefault("exit_s", profile.head)
         return cls(layer_s, head_s=profile.head, draft_s=draft.per_forward_s, draft_call_s=draft.per_draft_s,
                    uplink=uplink, downlink=downlink, **rest)
+
+    def server_scaled(self, factor: float) -> EdgeCloudCosts:
+        """The same costs with every server compute (layers, exits, head, the round's own) ``factor``
+        times as long: the deployed verifier measured itself that much slower (or faster)."""
+        layer_s, exit_s, head_s = self.layer_s, self.exit_s, self.head_s
+        return replace(self, layer_s=lambda layer, rows, cached: factor * layer_s(layer, rows, cached),
+                       exit_s=lambda rows: factor * exit_s(rows), head_s=lambda rows: factor * head_s(rows),
+                       round_s=factor * self.round_s)
 
     def verification(self, draft: DraftRequest, layers: Sequence[int],
                      exits: Sequence[int]) -> tuple[dict[int, float], float]:
