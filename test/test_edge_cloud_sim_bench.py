@@ -32,26 +32,32 @@ def test_the_costs_are_measured(model):
     assert described["layer_ms_1_row"] > 0 and described["draft_ms_per_forward"] > 0
     assert model.round_s >= 0 and 0 < model.message_s < 0.05  # one small message on loopback
     assert described["exit_layers"] == [1, 2] and described["predraft_workers"] == 1
-    assert described["server_factor"] == 1.0  # no deployed server asked
+    assert described["server_from"] == "a whole forward timed in the bench process"  # no node asked
+    assert all(f > 0 for f in described["server_factors"]) and described["server_rows"] == [1, 5, 8]
 
 
-def test_the_server_runs_at_the_speed_the_deployed_verifier_measured(model, monkeypatch):
-    """server_factor: verifier_node's own seconds over this process's for the same rows (the median);
-    every server cost of the simulation is scaled by it, the robot's are not."""
+def test_the_server_runs_at_the_speed_of_a_whole_forward(model):
+    """ServerSpeed: a whole forward (the deployed verifier's own profile, here a fake one) over what the
+    per-layer costs add up to, by rows, interpolated between the measured counts; the server's layers,
+    exits and head scale by it, the robot's costs do not."""
     from dataclasses import replace
 
-    from edge_llm_ros.core import device_profile
+    from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
 
-    here_ms = {1: 10.0, 5: 20.0, 8: 40.0}
-    monkeypatch.setattr(device_profile, "row_costs", lambda target, rows, repeats, prefix: here_ms)
-    node_s = [0.030, 0.040, 0.060]  # 3x, 2x and 1.5x what this process took
-    assert ecs.server_factor(model.verifier.target, node_s) == pytest.approx(2.0)
-    draft = DraftRequest("r", 1, [], 9, [5, 6, 7, 8], [-1, 0, 1, 2], [0.5] * 4)
     layers = model.verifier.target.layer_ids
-    alone, doubled = model.costs(50.0, 100.0, None), replace(model, server_factor=2.0).costs(50.0, 100.0, None)
-    ready, final = alone.verification(draft, layers, (1,))
-    ready2, final2 = doubled.verification(draft, layers, (1,))
+    flat = EdgeCloudCosts(lambda layer, rows, cached: 0.001 * rows, head_s=lambda rows: 0.002 * rows)
+    summed = [(0.001 * len(layers) + 0.002) * n for n in ecs.SERVER_ROWS]  # (1, 5, 8) rows
+    speed = ecs.ServerSpeed.of(flat, layers, [3 * summed[0], 2 * summed[1], 1.5 * summed[2]], "a fake node")
+    assert speed.factors == pytest.approx((3.0, 2.0, 1.5))
+    assert speed(1) == pytest.approx(3.0) and speed(3) == pytest.approx(2.5) and speed(64) == pytest.approx(1.5)
+    draft = DraftRequest("r", 1, [], 9, [5, 6, 7, 8], [-1, 0, 1, 2], [0.5] * 4)  # 5 tree rows: factor 2
+    ready, final = flat.verification(draft, layers, (1,))
+    ready2, final2 = flat.server_scaled(speed).verification(draft, layers, (1,))
     assert final2 == pytest.approx(2 * final) and ready2[1] == pytest.approx(2 * ready[1])
+    doubled = replace(model, server=ecs.ServerSpeed((1,), (2.0,), (0.1,), "x")).costs(50.0, 100.0, None)
+    alone = replace(model, server=ecs.ServerSpeed((1,), (1.0,), (0.1,), "x")).costs(50.0, 100.0, None)
+    compute = [c.verification(draft, layers, ())[1] - model.round_s for c in (doubled, alone)]  # the round's own: as is
+    assert compute[0] == pytest.approx(2 * compute[1])
     assert doubled.draft_s == alone.draft_s and doubled.uplink == alone.uplink
 
 

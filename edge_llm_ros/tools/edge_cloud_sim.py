@@ -10,11 +10,13 @@ measured itself; none is fitted to the deployments' rows:
   rounds in this process, minus what the profile gives for them (the median);
 * the draft's seconds per draft forward (pipesim.DraftCost over timed drafts);
 * the runtime's cost per message: a one-row message's hop on loopback (tools.stage_hop, p50);
-* the deployed server's speed: verifier_node's own `profile` (the target over SERVER_ROWS rows after
-  SERVER_CACHED cached, measured in the node during the first deployment) over the same measured
-  here (the median): every server cost above is scaled by it, as the pipeline bench scales each
-  stage by its own profile (the same code timed in this process ran 1.09 ms a layer in one run
-  and 2.28 ms an hour later, while the node reported the same);
+* the deployed server's speed: verifier_node's own `profile` (a whole forward of the target over
+  SERVER_ROWS rows after SERVER_CACHED cached, measured in the node during the first deployment;
+  without one, the same timed here) over what the per-layer costs add up to for those rows: the
+  server's layers, exits and head over n rows are scaled by that ratio at n (interpolated between
+  the measured counts), as the pipeline bench scales each stage by its own profile. A layer timed
+  alone runs with its weights in the cache (16 MB a SmolLM2 layer, a 32 MB L3 here); a whole
+  forward streams every layer's from memory, which at one row costs about 1.6x the sum;
 * each run's link (one-way RTT/2 and the bandwidth each way); the two nodes share two cores, as the
   unpinned bench runs them (pinned: a core each).
 
@@ -33,6 +35,8 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from edge_llm_ros.core.pipesim import Cited
 
@@ -55,7 +59,7 @@ class Calibrated:
     draft: object  # pipesim.DraftCost
     round_s: float
     message_s: float
-    server_factor: float = 1.0  # the deployed verifier's own seconds over this process's, same rows
+    server: ServerSpeed  # a whole forward over the per-layer sum, by rows
 
     def costs(self, rtt_ms: float, bandwidth_mbps: float, cores: int | None):
         from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
@@ -63,13 +67,13 @@ class Calibrated:
 
         link = Link(rtt_ms / 2e3, bandwidth_mbps * 1e6)
         return EdgeCloudCosts.measured(self.profile, self.draft, link, link, round_s=self.round_s,
-                                       message_s=self.message_s, cores=cores).server_scaled(self.server_factor)
+                                       message_s=self.message_s, cores=cores).server_scaled(self.server)
 
     def describe(self) -> dict:
         return {"layer_ms_1_row": self.profile.layer_s[0][0] * 1e3, "head_ms_1_row": self.profile.head_s[0] * 1e3,
                 "draft_ms_per_forward": self.draft.per_forward_s * 1e3,
                 "draft_ms_per_draft": self.draft.per_draft_s * 1e3, "verifier_round_ms": self.round_s * 1e3,
-                "message_ms": self.message_s * 1e3, "server_factor": self.server_factor,
+                "message_ms": self.message_s * 1e3, **self.server.describe(),
                 "exit_layers": list(self.verifier.exit_layers),
                 "predraft_workers": self.robot.cache.workers}
 
@@ -92,10 +96,11 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
               server_s: list[float] | None = None) -> Calibrated:
     """Build the verifier and the robot as the nodes do and measure the costs (module docstring) with
     fsd requests of ``prompts``; ``server_s``: verifier_node's own seconds for SERVER_ROWS over
-    SERVER_CACHED (None: the server as fast as this process); needs a zenoh router (the message's
+    SERVER_CACHED (None: a whole forward timed here instead); needs a zenoh router (the message's
     cost is measured through it)."""
     from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter, EarlyExitVerifier, preset
     from edge_llm_ros.core.decoding import eos_ids
+    from edge_llm_ros.core.device_profile import row_costs
     from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts, simulate_edge_cloud
     from edge_llm_ros.core.pipesim import DraftCost, LayerProfile, TimedDrafter
 
@@ -122,23 +127,46 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
                                 early_exits=early_exits, send_ahead=send_ahead, request_id=f"calibrate-{i}")
     finally:
         del verifier.verify  # the instance attribute: verify() is the class's again
-    model = EdgeCloudCosts.measured(profile, DraftCost(0.0, 0.0), free.uplink, free.downlink)
     layers = verifier.target.layer_ids
+    unscaled = EdgeCloudCosts.measured(profile, DraftCost(0.0, 0.0), free.uplink, free.downlink)
+    if server_s is None:
+        here = row_costs(target, SERVER_ROWS, 5, prefix=SERVER_CACHED)
+        server_s, source = [here[n] / 1e3 for n in SERVER_ROWS], "a whole forward timed in the bench process"
+    else:
+        source = "verifier_node's own profile service in the deployment"
+    server = ServerSpeed.of(unscaled, layers, server_s, source)
+    model = unscaled.server_scaled(server)
     round_s = statistics.median(
         seconds - model.verification(draft, layers, verifier.exit_layers if draft.early_exits else ())[1]
         for draft, seconds in rounds if draft.round > 0)
     draft = DraftCost.fit([entry for d in timed for entry in d.log])
     hop = stage_hop.measure(rows=(1,), count=50, warmup=5)[0]
-    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3,
-                      server_factor(target, server_s) if server_s else 1.0)
+    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3, server)
 
 
-def server_factor(target, server_s: list[float], repeats: int = 5) -> float:
-    """The deployed verifier's seconds for SERVER_ROWS over what the same rows take here (the median)."""
-    from edge_llm_ros.core.device_profile import row_costs
+@dataclass(frozen=True)
+class ServerSpeed:
+    """A whole forward of the target over n rows after SERVER_CACHED cached, over what the per-layer
+    costs add up to for it (every layer and the head), at each of SERVER_ROWS; between them
+    interpolated, beyond them the nearest."""
 
-    here = row_costs(target, SERVER_ROWS, repeats, prefix=SERVER_CACHED)
-    return float(statistics.median(node / (here[n] / 1e3) for n, node in zip(SERVER_ROWS, server_s)))
+    rows: tuple[int, ...]
+    factors: tuple[float, ...]
+    whole_s: tuple[float, ...]
+    source: str
+
+    @classmethod
+    def of(cls, costs, layers, whole_s: list[float], source: str) -> ServerSpeed:
+        summed = [sum(costs.layer_s(layer, n, SERVER_CACHED) for layer in layers) + costs.head_s(n)
+                  for n in SERVER_ROWS]
+        return cls(SERVER_ROWS, tuple(w / s for w, s in zip(whole_s, summed)), tuple(whole_s), source)
+
+    def __call__(self, rows: int) -> float:
+        return float(np.interp(rows, self.rows, self.factors))
+
+    def describe(self) -> dict:
+        return {"server_rows": list(self.rows), "server_factors": list(self.factors),
+                "server_whole_forward_ms": [s * 1e3 for s in self.whole_s], "server_from": self.source}
 
 
 def simulate_mode(model: Calibrated, mode: str, prompts: list[list[int]], gamma: int, max_new_tokens: int,
@@ -247,8 +275,9 @@ def format_lines(simulated: dict) -> list[str]:
     c = simulated["costs"]
     lines = [f"simulated (core/edge_cloud/sim.py; costs measured here: layer {c['layer_ms_1_row']:.2f} ms, head "
              f"{c['head_ms_1_row']:.2f} ms at 1 row, verifier {c['verifier_round_ms']:.1f} ms a round, draft "
-             f"{c['draft_ms_per_forward']:.1f} ms a forward, {c['message_ms']:.2f} ms a message; cores shared: "
-             f"{simulated['cores'] or 'no'}):"]
+             f"{c['draft_ms_per_forward']:.1f} ms a forward, {c['message_ms']:.2f} ms a message; a whole forward "
+             f"over the layers' sum: " + ", ".join(f"{f:.2f}x at {n}" for n, f in zip(c["server_rows"], c["server_factors"]))
+             + f" rows ({c['server_from']}); cores shared: {simulated['cores'] or 'no'}):"]
     for run in simulated["runs"]:
         cells = []
         for mode, m in run["modes"].items():

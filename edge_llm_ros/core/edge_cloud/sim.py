@@ -97,13 +97,13 @@ class EdgeCloudCosts:
         return cls(layer_s, head_s=profile.head, draft_s=draft.per_forward_s, draft_call_s=draft.per_draft_s,
                    uplink=uplink, downlink=downlink, **rest)
 
-    def server_scaled(self, factor: float) -> EdgeCloudCosts:
-        """The same costs with every server compute (layers, exits, head, the round's own) ``factor``
-        times as long: the deployed verifier measured itself that much slower (or faster)."""
+    def server_scaled(self, factor: Callable[[int], float]) -> EdgeCloudCosts:
+        """The same costs with the server's layers, exits and head over ``rows`` rows ``factor(rows)``
+        times as long (a whole forward as the deployed verifier times it, over what the per-layer
+        costs add up to)."""
         layer_s, exit_s, head_s = self.layer_s, self.exit_s, self.head_s
-        return replace(self, layer_s=lambda layer, rows, cached: factor * layer_s(layer, rows, cached),
-                       exit_s=lambda rows: factor * exit_s(rows), head_s=lambda rows: factor * head_s(rows),
-                       round_s=factor * self.round_s)
+        return replace(self, layer_s=lambda layer, rows, cached: factor(rows) * layer_s(layer, rows, cached),
+                       exit_s=lambda rows: factor(rows) * exit_s(rows), head_s=lambda rows: factor(rows) * head_s(rows))
 
     def verification(self, draft: DraftRequest, layers: Sequence[int],
                      exits: Sequence[int]) -> tuple[dict[int, float], float]:
