@@ -185,23 +185,27 @@ def test_a_stage_takes_its_cores_as_taskset_lists_them():
 
 
 def test_each_stage_is_scaled_by_its_own_profile_in_the_deployment(tiny):
-    """calibrate: a stage that measured itself twice as slow as the in-process profile (and one twice
-    as fast) gets its seconds scaled so in the simulation; the message cost is then what is left; the
-    profiles asked of both stages at once give the contention."""
+    """calibrate: a stage that measured itself 2x, 1.5x and 1x as slow as the in-process profile at 1,
+    8 and 24 rows (and one twice as fast) gets its seconds scaled so in the simulation, interpolated
+    between the row counts; the message cost is then what is left; the profiles asked of both stages
+    at once give the contention."""
     base = tiny.profile.stage_s(tiny.ranges)
-    own = [[np.float32(factor * base(i, n, bp.STAGE_PROFILE_CACHED)) for n in bp.STAGE_PROFILE_ROWS]
-           for i, factor in enumerate((2.0, 0.5))]  # float32, as a Profile answer carries them
+    by_rows = [(2.0, 1.5, 1.0), (0.5, 0.5, 0.5)]  # at STAGE_PROFILE_ROWS (1, 8, 24)
+    own = [[np.float32(f * base(i, n, bp.STAGE_PROFILE_CACHED)) for n, f in zip(bp.STAGE_PROFILE_ROWS, factors)]
+           for i, factors in enumerate(by_rows)]  # float32, as a Profile answer carries them
     together = [[1.25 * s for s in stage] for stage in own]  # each slower while the other computes too
     goals = [fake_goal("ar", ref, 0.3, 20.0) for ref in tiny.references]
     try:
         calibration = bp.calibrate(tiny, bp.Measured(None, 0, goals={"ar": goals}, stage_s=own,
                                                      stage_s_together=together), d0_shares=0)
-        assert calibration["stage_factors"] == pytest.approx([2.0, 0.5], rel=1e-5)
+        assert calibration["stage_factors"] == [pytest.approx(list(f), rel=1e-5) for f in by_rows]
         assert calibration["contention"] == pytest.approx(1.25)
         json.dumps(calibration)  # the report's cost_model
         costs = bp.measured_costs(tiny, None, calibration["message_s"], 0)
-        assert costs.stage_s(0, 8, 64) == pytest.approx(2.0 * base(0, 8, 64))
-        assert costs.stage_s(1, 8, 64) == pytest.approx(0.5 * base(1, 8, 64))
+        assert costs.stage_s(0, 8, 64) == pytest.approx(1.5 * base(0, 8, 64), rel=1e-5)
+        assert costs.stage_s(0, 16, 64) == pytest.approx(1.25 * base(0, 16, 64), rel=1e-5)  # halfway to 24
+        assert costs.stage_s(0, 64, 64) == pytest.approx(1.0 * base(0, 64, 64), rel=1e-5)  # beyond: the nearest
+        assert costs.stage_s(1, 8, 64) == pytest.approx(0.5 * base(1, 8, 64), rel=1e-5)
         assert costs.contention == pytest.approx(1.25)  # the simulator slows stages that compute at once
         assert calibration["message_s"] >= 0
     finally:

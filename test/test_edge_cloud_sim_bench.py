@@ -10,6 +10,7 @@ import pytest
 
 from edge_llm_ros.core import ModelDrafter, build_exits, tiny_llama
 from edge_llm_ros.core.edge_cloud import DraftRequest
+from edge_llm_ros.core.pipesim import RowScale
 from edge_llm_ros.tools import edge_cloud_sim as ecs
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7]
@@ -37,7 +38,7 @@ def test_the_costs_are_measured(model):
 
 
 def test_the_server_runs_at_the_speed_of_a_whole_forward(model):
-    """ServerSpeed: a whole forward (the deployed verifier's own profile, here a fake one) over what the
+    """RowScale: a whole forward (the deployed verifier's own profile, here a fake one) over what the
     per-layer costs add up to, by rows, interpolated between the measured counts; the server's layers,
     exits and head scale by it, the robot's costs do not."""
     from dataclasses import replace
@@ -47,15 +48,15 @@ def test_the_server_runs_at_the_speed_of_a_whole_forward(model):
     layers = model.verifier.target.layer_ids
     flat = EdgeCloudCosts(lambda layer, rows, cached: 0.001 * rows, head_s=lambda rows: 0.002 * rows)
     summed = [(0.001 * len(layers) + 0.002) * n for n in ecs.SERVER_ROWS]  # (1, 5, 8) rows
-    speed = ecs.ServerSpeed.of(flat, layers, [3 * summed[0], 2 * summed[1], 1.5 * summed[2]], "a fake node")
+    speed = RowScale.of(ecs.SERVER_ROWS, [3 * summed[0], 2 * summed[1], 1.5 * summed[2]], summed)
     assert speed.factors == pytest.approx((3.0, 2.0, 1.5))
     assert speed(1) == pytest.approx(3.0) and speed(3) == pytest.approx(2.5) and speed(64) == pytest.approx(1.5)
     draft = DraftRequest("r", 1, [], 9, [5, 6, 7, 8], [-1, 0, 1, 2], [0.5] * 4)  # 5 tree rows: factor 2
     ready, final = flat.verification(draft, layers, (1,))
     ready2, final2 = flat.server_scaled(speed).verification(draft, layers, (1,))
     assert final2 == pytest.approx(2 * final) and ready2[1] == pytest.approx(2 * ready[1])
-    doubled = replace(model, server=ecs.ServerSpeed((1,), (2.0,), (0.1,), "x")).costs(50.0, 100.0, None)
-    alone = replace(model, server=ecs.ServerSpeed((1,), (1.0,), (0.1,), "x")).costs(50.0, 100.0, None)
+    doubled = replace(model, server=RowScale((1,), (2.0,))).costs(50.0, 100.0, None)
+    alone = replace(model, server=RowScale((1,), (1.0,))).costs(50.0, 100.0, None)
     compute = [c.verification(draft, layers, ())[1] - model.round_s for c in (doubled, alone)]  # the round's own: as is
     assert compute[0] == pytest.approx(2 * compute[1])
     assert doubled.draft_s == alone.draft_s and doubled.uplink == alone.uplink

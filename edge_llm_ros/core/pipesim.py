@@ -370,6 +370,29 @@ class LayerProfile:
                    f"measured: {type(model.hf).__name__} layer {layer}, {torch.get_num_threads()} threads")
 
 
+@dataclass(frozen=True)
+class RowScale:
+    """How many times longer a deployed process takes for ``rows`` rows than the :class:`LayerProfile`
+    adds up to (its layers and head), measured at ``rows``: interpolated between them, the nearest
+    beyond. The profile times one layer again and again with its weights in the cache; a process
+    that runs many layers in a row streams them from memory, which weighs most at few rows."""
+
+    rows: tuple[int, ...]
+    factors: tuple[float, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[int], measured_s: Sequence[float], profiled_s: Sequence[float]) -> RowScale:
+        return cls(tuple(rows), tuple(float(m / p) for m, p in zip(measured_s, profiled_s)))
+
+    def __call__(self, rows: int) -> float:
+        import numpy as np
+
+        return float(np.interp(rows, self.rows, self.factors))
+
+    def describe(self) -> str:
+        return ", ".join(f"{f:.2f}x at {n}" for n, f in zip(self.rows, self.factors)) + " rows"
+
+
 class TimedDrafter:
     """A drafter wrapper that logs (forwards, seconds) of every draft, for :meth:`DraftCost.fit`."""
 

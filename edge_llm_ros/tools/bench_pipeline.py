@@ -118,8 +118,8 @@ class Setup:
     draft_call_s: float = 0.0  # per draft
     eos: tuple[int, ...] = ()
     # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
-    # profile gives for its layers: how much faster or slower the pinned stage process runs (None: 1)
-    stage_factors: list[float] | None = None
+    # profile gives for its layers, by rows: how much faster or slower the pinned stage process runs (None: 1)
+    stage_factors: list[RowScale] | None = None
     # how many times longer a stage's message takes while the other stage computes too (two vCPUs of one
     # host share it): their profiles measured together over each alone (None: 1)
     contention: float | None = None
@@ -272,8 +272,9 @@ def measured_costs(setup: Setup, link: LinkSetting | None, message_s: float, d0_
     from edge_llm_ros.core.pipesim import CostModel, Link
 
     base = setup.profile.stage_s(setup.ranges)
-    factors = setup.stage_factors or [1.0] * len(setup.ranges)
-    return CostModel(stage_s=lambda stage, rows, cached: factors[stage] * base(stage, rows, cached), draft_s=setup.draft_s,
+    factors = setup.stage_factors or [lambda rows: 1.0] * len(setup.ranges)
+    return CostModel(stage_s=lambda stage, rows, cached: factors[stage](rows) * base(stage, rows, cached),
+                     draft_s=setup.draft_s,
                      draft_call_s=setup.draft_call_s, row_bytes=setup.row_bytes,
                      link=link.link() if link else Link(), message_s=message_s, d0_shares=d0_shares,
                      contention=setup.contention or 1.0)
@@ -658,12 +659,14 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
 
 def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
     """Each stage's speed in the deployment (its own `profile` over what the profile gives for its
-    layers, the median over row counts; set on ``setup``), then the runtime's cost per message: the
-    loopback ar lap measured, minus the simulated one without it, over the hops of a lap (D0 ->
-    stages -> D0)."""
+    layers, by rows; set on ``setup``), how much the two cores slow each other, then the runtime's
+    cost per message: the loopback ar lap measured, minus the simulated one without it, over the
+    hops of a lap (D0 -> stages -> D0)."""
+    from edge_llm_ros.core.pipesim import RowScale
+
     stage_s = setup.profile.stage_s(setup.ranges)
-    setup.stage_factors = [float(statistics.median(own / stage_s(i, n, STAGE_PROFILE_CACHED)
-                                                   for n, own in zip(STAGE_PROFILE_ROWS, seconds)))
+    setup.stage_factors = [RowScale.of(STAGE_PROFILE_ROWS, seconds,
+                                       [stage_s(i, n, STAGE_PROFILE_CACHED) for n in STAGE_PROFILE_ROWS])
                            for i, seconds in enumerate(loopback.stage_s)] or None
     ratios = [t / a for alone, together in zip(loopback.stage_s, loopback.stage_s_together)
               for a, t in zip(alone, together)]
@@ -677,9 +680,11 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
     return {"message_s": max(0.0, (measured - simulated) / hops),
             "message_s_from": f"loopback deployment (links off), ar: {measured * 1e3:.1f} ms a token measured, "
                               f"{simulated * 1e3:.1f} ms simulated without it, over {hops} hops",
-            "stage_factors": setup.stage_factors,
+            "stage_factors": [list(f.factors) for f in setup.stage_factors or []],
+            "stage_factor_rows": list(STAGE_PROFILE_ROWS),
             "stage_factors_from": f"each stage's own profile service in the loopback deployment ({STAGE_PROFILE_ROWS} "
-                                  f"rows over {STAGE_PROFILE_CACHED} cached) over the in-process profile's",
+                                  f"rows over {STAGE_PROFILE_CACHED} cached) over the in-process profile's, by rows "
+                                  "(interpolated between them)",
             "contention": setup.contention,
             "contention_from": "the same profiles asked of every stage at once over each asked alone (median): "
                                "a stage's slowdown while the other core computes, applied by the simulator "
@@ -858,6 +863,8 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
 
 
 def format_table(report: dict) -> str:
+    from edge_llm_ros.core.pipesim import RowScale
+
     d, cm = report["deployment"], report["cost_model"]
     cores = d["cores"]
     placed = (f"cores {cores['stage_0']} and {cores['stage_1']}, D0 on core {cores['draft_node']}" if cores
@@ -869,8 +876,10 @@ def format_table(report: dict) -> str:
              f"{cm['draft_s_per_draft'] * 1e3:.1f} ms/draft, runtime {cm['message_s'] * 1e3:.2f} ms/message "
              f"({cm['message_s_from']}); per-layer costs drifted {cm['profile_drift']:+.1%} between the profiles "
              "before and after the deployments; the stages ran at "
-             + " and ".join(f"{f:.2f}x" for f in cm.get("stage_factors") or []) + " the profile's seconds "
-             f"(their own profile service), {cm.get('contention') or 1.0:.2f}x that while both compute",
+             + " and ".join(RowScale(tuple(cm["stage_factor_rows"]), tuple(f)).describe()
+                            for f in cm.get("stage_factors") or [])
+             + f" the profile's seconds (their own profile service), {cm.get('contention') or 1.0:.2f}x that while "
+             "both compute",
              f"{'source':<10}{'stages':>6}  {'link':<42}{'mode':<18}{'tok/s':>7}{'err':>6}{'e2e':>7}{'ALT':>6}"
              f"{'ALR':>6}{'TTFT ms':>8}{'util':>6}  lossless"]
     errors = {(c["link"], c["mode"]): c["error"] for c in report["comparisons"]}

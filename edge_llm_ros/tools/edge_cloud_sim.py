@@ -36,9 +36,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from edge_llm_ros.core.pipesim import Cited
+from edge_llm_ros.core.pipesim import Cited, RowScale
 
 TOLERANCE = 0.15  # the issue's: simulated tokens/s within 15% of the measured, every mode
 PROFILE_ROWS = (1, 2, 4, 5, 8, 16, 32, 64)
@@ -59,7 +57,9 @@ class Calibrated:
     draft: object  # pipesim.DraftCost
     round_s: float
     message_s: float
-    server: ServerSpeed  # a whole forward over the per-layer sum, by rows
+    server: RowScale  # the deployed verifier's whole forward over the per-layer sum, by rows
+    server_s: tuple[float, ...]  # that forward at SERVER_ROWS
+    server_from: str
 
     def costs(self, rtt_ms: float, bandwidth_mbps: float, cores: int | None):
         from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
@@ -73,7 +73,9 @@ class Calibrated:
         return {"layer_ms_1_row": self.profile.layer_s[0][0] * 1e3, "head_ms_1_row": self.profile.head_s[0] * 1e3,
                 "draft_ms_per_forward": self.draft.per_forward_s * 1e3,
                 "draft_ms_per_draft": self.draft.per_draft_s * 1e3, "verifier_round_ms": self.round_s * 1e3,
-                "message_ms": self.message_s * 1e3, **self.server.describe(),
+                "message_ms": self.message_s * 1e3, "server_rows": list(self.server.rows),
+                "server_factors": list(self.server.factors), "server_whole_forward_ms": [s * 1e3 for s in self.server_s],
+                "server_from": self.server_from,
                 "exit_layers": list(self.verifier.exit_layers),
                 "predraft_workers": self.robot.cache.workers}
 
@@ -134,39 +136,17 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
         server_s, source = [here[n] / 1e3 for n in SERVER_ROWS], "a whole forward timed in the bench process"
     else:
         source = "verifier_node's own profile service in the deployment"
-    server = ServerSpeed.of(unscaled, layers, server_s, source)
+    summed = [sum(unscaled.layer_s(layer, n, SERVER_CACHED) for layer in layers) + unscaled.head_s(n)
+              for n in SERVER_ROWS]
+    server = RowScale.of(SERVER_ROWS, server_s, summed)
     model = unscaled.server_scaled(server)
     round_s = statistics.median(
         seconds - model.verification(draft, layers, verifier.exit_layers if draft.early_exits else ())[1]
         for draft, seconds in rounds if draft.round > 0)
     draft = DraftCost.fit([entry for d in timed for entry in d.log])
     hop = stage_hop.measure(rows=(1,), count=50, warmup=5)[0]
-    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3, server)
-
-
-@dataclass(frozen=True)
-class ServerSpeed:
-    """A whole forward of the target over n rows after SERVER_CACHED cached, over what the per-layer
-    costs add up to for it (every layer and the head), at each of SERVER_ROWS; between them
-    interpolated, beyond them the nearest."""
-
-    rows: tuple[int, ...]
-    factors: tuple[float, ...]
-    whole_s: tuple[float, ...]
-    source: str
-
-    @classmethod
-    def of(cls, costs, layers, whole_s: list[float], source: str) -> ServerSpeed:
-        summed = [sum(costs.layer_s(layer, n, SERVER_CACHED) for layer in layers) + costs.head_s(n)
-                  for n in SERVER_ROWS]
-        return cls(SERVER_ROWS, tuple(w / s for w, s in zip(whole_s, summed)), tuple(whole_s), source)
-
-    def __call__(self, rows: int) -> float:
-        return float(np.interp(rows, self.rows, self.factors))
-
-    def describe(self) -> dict:
-        return {"server_rows": list(self.rows), "server_factors": list(self.factors),
-                "server_whole_forward_ms": [s * 1e3 for s in self.whole_s], "server_from": self.source}
+    return Calibrated(verifier, robot, profile, draft, max(round_s, 0.0), hop.p50_ms / 1e3, server,
+                      tuple(server_s), source)
 
 
 def simulate_mode(model: Calibrated, mode: str, prompts: list[list[int]], gamma: int, max_new_tokens: int,
@@ -276,8 +256,8 @@ def format_lines(simulated: dict) -> list[str]:
     lines = [f"simulated (core/edge_cloud/sim.py; costs measured here: layer {c['layer_ms_1_row']:.2f} ms, head "
              f"{c['head_ms_1_row']:.2f} ms at 1 row, verifier {c['verifier_round_ms']:.1f} ms a round, draft "
              f"{c['draft_ms_per_forward']:.1f} ms a forward, {c['message_ms']:.2f} ms a message; a whole forward "
-             f"over the layers' sum: " + ", ".join(f"{f:.2f}x at {n}" for n, f in zip(c["server_rows"], c["server_factors"]))
-             + f" rows ({c['server_from']}); cores shared: {simulated['cores'] or 'no'}):"]
+             f"over the layers' sum: " + RowScale(tuple(c["server_rows"]), tuple(c["server_factors"])).describe()
+             + f" ({c['server_from']}); cores shared: {simulated['cores'] or 'no'}):"]
     for run in simulated["runs"]:
         cells = []
         for mode, m in run["modes"].items():
