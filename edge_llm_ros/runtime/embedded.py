@@ -51,6 +51,7 @@ from .throttle import flood_note
 
 ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
 GRAPH_QUERY_FLOOR_S = 2.0  # the least a graph query waits for the router (it returns at the answer)
+GRAPH_LATE_WINDOW_S = 1.0  # a first graph call after the young window still asks this long
 LOG_LEVELS = {"debug": 10, "info": 20, "warn": 30, "warning": 30, "error": 40, "fatal": 50}
 
 
@@ -838,12 +839,14 @@ class Node:
         holds another session's token or `timeout` after the session's start
         has passed (an otherwise empty system). From then on the cache
         answers at once. However late the first call comes (a loaded machine
-        can spend the whole window importing), it waits for one answer: a
-        query returns as soon as the router has replied, so only a router that
-        never answers costs the floor.
+        can spend the whole window importing), it asks for GRAPH_LATE_WINDOW_S
+        more, each query waiting for the answer: a query returns as soon as the
+        router has replied (an empty answer at once, while the session's routes
+        are not yet in place), so only an empty system, or a router that never
+        answers, costs the window or the floor.
         """
         cache, zid = self.context.graph, self.context.zid
-        deadline = cache.started + timeout
+        deadline = max(cache.started + timeout, time.monotonic() + GRAPH_LATE_WINDOW_S)
         while not cache.complete:
             cache.query(max(GRAPH_QUERY_FLOOR_S, deadline - time.monotonic()))
             if any(e.zid != zid for e in cache.entries()) or time.monotonic() >= deadline:
