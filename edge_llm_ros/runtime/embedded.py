@@ -153,9 +153,9 @@ class GraphCache:
         for listener in listeners:
             listener(entry, alive)
 
-    def query(self, timeout: float) -> None:
+    def query(self, timeout: float) -> list[graph.GraphEntry]:
         """Ask the router for every token at once and add them (the subscriber's history brings them
-        too, but one by one); a token deleted meanwhile is not brought back."""
+        too, but one by one); a token deleted meanwhile is not brought back. Returns the answer."""
         with self._lock:
             self._queries += 1
         found = {}
@@ -169,6 +169,7 @@ class GraphCache:
                 self._entries.update({k: e for k, e in found.items() if k not in self._deleted})
                 if not self._queries:
                     self._deleted.clear()
+        return list(found.values())
 
     def entries(self) -> list[graph.GraphEntry]:
         with self._lock:
@@ -835,21 +836,23 @@ class Node:
 
         Until the cache is complete it may hold only this process's own
         tokens, or some of the others (its history comes one token at a
-        time): the router is asked for all at once, again until an answer
+        time): the router is asked for all at once, again until its answer
         holds another session's token or `timeout` after the session's start
-        has passed (an otherwise empty system). From then on the cache
-        answers at once. However late the first call comes (a loaded machine
-        can spend the whole window importing), it asks for GRAPH_LATE_WINDOW_S
-        more, each query waiting for the answer: a query returns as soon as the
-        router has replied (an empty answer at once, while the session's routes
-        are not yet in place), so only an empty system, or a router that never
+        has passed (an otherwise empty system). Only the answer counts, never
+        what the history has brought so far: CI once saw `topic info` find the
+        node but not its topic. From then on the cache answers at once.
+        However late the first call comes (a loaded machine can spend the whole
+        window importing), it asks for GRAPH_LATE_WINDOW_S more, each query
+        waiting for the answer: a query returns as soon as the router has
+        replied (an empty answer at once, while the session's routes are not
+        yet in place), so only an empty system, or a router that never
         answers, costs the window or the floor.
         """
         cache, zid = self.context.graph, self.context.zid
         deadline = max(cache.started + timeout, time.monotonic() + GRAPH_LATE_WINDOW_S)
         while not cache.complete:
-            cache.query(max(GRAPH_QUERY_FLOOR_S, deadline - time.monotonic()))
-            if any(e.zid != zid for e in cache.entries()) or time.monotonic() >= deadline:
+            answer = cache.query(max(GRAPH_QUERY_FLOOR_S, deadline - time.monotonic()))
+            if any(e.zid != zid for e in answer) or time.monotonic() >= deadline:
                 cache.complete = True
             else:
                 time.sleep(0.05)

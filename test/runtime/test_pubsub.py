@@ -149,11 +149,12 @@ def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
 
 def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_answer(rt_session, peer):
     """A process that first asks the graph after the young window (a loaded machine can spend it
-    importing) must still wait for the router's answer: CI once saw `node list` print nothing, its one
-    query given 50 ms, and with that fixed `service list` print nothing once (an answer that came back
-    empty, it seems: one query, then the window was over). Here
-    every query of the first 300 ms comes back empty, and a later one's answer takes 300 ms (the
-    liveliness history has not come by then)."""
+    importing) must still wait for the router's answer, and only the answer makes the cache complete:
+    CI once saw `node list` print nothing (its one query given 50 ms), then `service list` print
+    nothing (an answer that came back empty, it seems), then `topic info` find no endpoint of a live
+    node (the history had brought some of its tokens, which passed for the answer). Here every query
+    of the first 300 ms comes back empty while the history holds only the peer's node token, and a
+    later query's answer takes 300 ms."""
     from edge_llm_ros.runtime import embedded
 
     context = embedded.Context(args=[])
@@ -163,17 +164,20 @@ def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_a
         cache.started -= 60.0  # the session opened a minute ago
         asked = time.monotonic()
 
-        def slow_router(timeout: float) -> None:
+        def slow_router(timeout: float) -> list:
             if timeout < 0.3 or time.monotonic() - asked < 0.3:  # the answer had not come (or came empty:
-                time.sleep(min(timeout, 0.05))                 # the routes not in place), nor the history
-                with cache._lock:
-                    cache._entries = {k: e for k, e in cache._entries.items() if e.zid == context.zid}
-                return
+                time.sleep(min(timeout, 0.05))                 # the routes not in place); of the others'
+                with cache._lock:                              # tokens the history brought one so far
+                    cache._entries = {k: e for k, e in cache._entries.items()
+                                      if e.zid == context.zid or (e.kind == "NN" and e.node_name == "echo_peer")}
+                return []
             time.sleep(0.3)
-            real_query(timeout)
+            return real_query(timeout)
 
         cache.query = slow_router
         assert ("echo_peer", "/rt_test") in node.get_node_names_and_namespaces()
+        assert node.count_subscribers("/rt_test/TokenChunk") == 1
+        assert ("/rt_test/profile", ["edge_llm_ros/srv/Profile"]) in node.get_service_names_and_types()
     finally:
         context.close()
 
