@@ -136,8 +136,8 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
         server_s, source = [here[n] / 1e3 for n in SERVER_ROWS], "a whole forward timed in the bench process"
     else:
         source = "verifier_node's own profile service in the deployment"
-    summed = [sum(unscaled.layer_s(layer, n, SERVER_CACHED) for layer in layers) + unscaled.head_s(n)
-              for n in SERVER_ROWS]
+    whole = profile.stage_s([range(len(layers))])  # one stage of every layer and the head
+    summed = [whole(0, n, SERVER_CACHED) for n in SERVER_ROWS]
     server = RowScale.of(SERVER_ROWS, server_s, summed)
     model = unscaled.server_scaled(server)
     round_s = statistics.median(
