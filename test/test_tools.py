@@ -365,3 +365,22 @@ def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
 
     read = load_plan(path, default_model_path())  # what generate and the nodes read
     assert (read.backend, read.mode, read.threads) == (saved["choice"]["backend"], saved["choice"]["mode"], 1)
+
+
+def test_a_benchs_router_and_environment_are_as_they_were_once_it_is_done(monkeypatch):
+    """A bench runs in a process that may go on (a test worker): the router it starts is stopped and
+    EDGE_LLM_ZENOH_ROUTER, which every node it launched inherited, names the old router again."""
+    import os
+
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV, router_reachable
+    from edge_llm_ros.tools.deployment import environment, local_router
+
+    monkeypatch.setenv(ENDPOINT_ENV, "tcp/127.0.0.1:7447")
+    with local_router("test-router") as endpoint:
+        assert os.environ[ENDPOINT_ENV] == endpoint and router_reachable(endpoint)
+    assert os.environ[ENDPOINT_ENV] == "tcp/127.0.0.1:7447"
+    assert not router_reachable(endpoint)
+    monkeypatch.delenv(ENDPOINT_ENV)
+    with pytest.raises(RuntimeError, match="a bench failed"), environment(**{ENDPOINT_ENV: endpoint}):
+        raise RuntimeError("a bench failed")
+    assert ENDPOINT_ENV not in os.environ

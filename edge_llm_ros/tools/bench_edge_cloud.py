@@ -47,7 +47,6 @@ import os
 import platform
 import shutil
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from edge_llm_ros.core.llama_backend import llama_cpp_available
 from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 
 from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog, ask_profile, bench_main, report_paths
+from .deployment import Deployment, EventLog, ask_profile, bench_main, local_router, report_paths
 from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -271,74 +270,64 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                  simulate: bool = False) -> dict:
     from tqdm import tqdm
 
-    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
+    with local_router("edge-cloud-router") as endpoint:  # this process's session and the nodes meet here
+        log = EventLog(log_path)
+        cores = node_cores(pin)
+        settings = [(rtt, bw) for rtt in rtts for bw in bandwidths]
+        node_args = ["threads:=1", f"gamma:={gamma}", "timeout_s:=120.0", "stats_period_s:=0.0"]
+        if draft:
+            node_args.append(f"draft:={draft}")
+        node_args += launch_args
+        later_modes = [m for m in modes if m != "ar"]  # ar drafts nothing: once per setting, first backend
+        goals_total = len(settings) * len(prompts) * (len(modes) + len(later_modes) * (len(backends) - 1))
+        runs, client, server_s = [], Client(), None
+        started = time.perf_counter()
+        try:
+            with tqdm(total=goals_total, desc="edge-cloud", unit="goal", file=sys.stderr, disable=not progress,
+                      dynamic_ncols=True) as bar:
+                for rtt, bw in settings:
+                    run: dict = {"rtt_ms": rtt, "bandwidth_mbps": bw, "draft_backend": backends[0]}
+                    reference = None
+                    for i, backend in enumerate(backends):
+                        bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s, draft on {backend}")
+                        plan = edge_cloud_plan(rtt, bw, [*node_args, f"draft_backend:={backend}"], cores)
+                        with Deployment(plan, endpoint, log, "edge-cloud deployment") as deployment:
+                            goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
+                                              max_new_tokens, bar)
+                            if simulate and server_s is None:  # the server measures itself where it runs
+                                from .edge_cloud_sim import SERVER_CACHED, SERVER_ROWS
 
-    endpoint = free_endpoint()
-    os.environ[ENDPOINT_ENV] = endpoint  # this process's session and the nodes meet at this router
-    stop_router, router_ready = threading.Event(), threading.Event()
-    router = threading.Thread(target=serve, args=(endpoint, router_ready, stop_router), daemon=True,
-                              name="edge-cloud-router")
-    router.start()
-    if not router_ready.wait(20):
-        raise ToolError(f"could not start a zenoh router at {endpoint}")
-    log = EventLog(log_path)
-    cores = node_cores(pin)
-    settings = [(rtt, bw) for rtt in rtts for bw in bandwidths]
-    node_args = ["threads:=1", f"gamma:={gamma}", "timeout_s:=120.0", "stats_period_s:=0.0"]
-    if draft:
-        node_args.append(f"draft:={draft}")
-    node_args += launch_args
-    later_modes = [m for m in modes if m != "ar"]  # ar drafts nothing: once per setting, first backend
-    goals_total = len(settings) * len(prompts) * (len(modes) + len(later_modes) * (len(backends) - 1))
-    runs, client, server_s = [], Client(), None
-    started = time.perf_counter()
-    try:
-        with tqdm(total=goals_total, desc="edge-cloud", unit="goal", file=sys.stderr, disable=not progress,
-                  dynamic_ncols=True) as bar:
-            for rtt, bw in settings:
-                run: dict = {"rtt_ms": rtt, "bandwidth_mbps": bw, "draft_backend": backends[0]}
-                reference = None
-                for i, backend in enumerate(backends):
-                    bar.set_postfix_str(f"RTT {rtt:g} ms, {bw:g} Mbit/s, draft on {backend}")
-                    plan = edge_cloud_plan(rtt, bw, [*node_args, f"draft_backend:={backend}"], cores)
-                    with Deployment(plan, endpoint, log, "edge-cloud deployment") as deployment:
-                        goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
-                                          max_new_tokens, bar)
-                        if simulate and server_s is None:  # the server measures itself where it runs
-                            from .edge_cloud_sim import SERVER_CACHED, SERVER_ROWS
+                                server_s = ask_profile(client.node, "/edge_llm/verifier_node/profile", SERVER_ROWS,
+                                                       SERVER_CACHED)
+                        result = report_backend(goals, prompts, gamma, reference)
+                        if i == 0:
+                            run.update(result)
+                            if "ar" in goals:
+                                reference = {"goals": goals["ar"], "summary": result["ar"]}
+                        else:
+                            run[backend_key(backend)] = result
+                    if set(DRAFT_BACKENDS) <= set(backends):
+                        torch_run = run if backends[0] == "torch" else run["torch"]
+                        llama_run = run if backends[0] == LLAMA_CPP else run[backend_key(LLAMA_CPP)]
+                        run["torch_over_llama_cpp"] = compare_backends(torch_run, llama_run, modes)
+                    runs.append(run)
+            simulated = None
+            if simulate and backends[0] == "torch":  # the simulator times the torch draft only
+                from edge_llm_ros.core import chat_prompt
 
-                            server_s = ask_profile(client.node, "/edge_llm/verifier_node/profile", SERVER_ROWS,
-                                                   SERVER_CACHED)
-                    result = report_backend(goals, prompts, gamma, reference)
-                    if i == 0:
-                        run.update(result)
-                        if "ar" in goals:
-                            reference = {"goals": goals["ar"], "summary": result["ar"]}
-                    else:
-                        run[backend_key(backend)] = result
-                if set(DRAFT_BACKENDS) <= set(backends):
-                    torch_run = run if backends[0] == "torch" else run["torch"]
-                    llama_run = run if backends[0] == LLAMA_CPP else run[backend_key(LLAMA_CPP)]
-                    run["torch_over_llama_cpp"] = compare_backends(torch_run, llama_run, modes)
-                runs.append(run)
-        simulated = None
-        if simulate and backends[0] == "torch":  # the simulator times the torch draft only
-            from edge_llm_ros.core import chat_prompt
+                from .edge_cloud_sim import calibrate, load_nodes_models, simulate_report
 
-            from .edge_cloud_sim import calibrate, load_nodes_models, simulate_report
-
-            print("simulating the runs (core/edge_cloud/sim.py, costs measured here)...", file=sys.stderr, flush=True)
-            target, exits, drafters = load_nodes_models()
-            ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
-            model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens, server_s=server_s)
-            try:
-                simulated = simulate_report(model, runs, modes, ids, gamma, max_new_tokens, bool(cores))
-            finally:
-                model.robot.close()
-    finally:
-        client.close()
-        log.close()
-        stop_router.set()
+                print("simulating the runs (core/edge_cloud/sim.py, costs measured here)...", file=sys.stderr, flush=True)
+                target, exits, drafters = load_nodes_models()
+                ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
+                model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens, server_s=server_s)
+                try:
+                    simulated = simulate_report(model, runs, modes, ids, gamma, max_new_tokens, bool(cores))
+                finally:
+                    model.robot.close()
+        finally:
+            client.close()
+            log.close()
     return {
         "scenario": "edge-cloud",
         "label": LABEL,

@@ -47,7 +47,7 @@ from typing import TextIO
 
 from . import stage_hop
 from .bench import BUSY_CORES, LOSSLESS_MARK, CpuShare, fmt_value
-from .deployment import Deployment, EventLog, ask_profile, bench_main, report_paths
+from .deployment import Deployment, EventLog, ask_profile, bench_main, local_router, report_paths
 from .generate import Parser
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -629,11 +629,8 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
     """A stage hop on loopback (tools/stage_hop.py), then every deployment: loopback first (ar only: the
     runtime's cost per message), then each link with the whole prompt in one message (every mode, the
     long prompt) and with pipelined prefill (the long prompt)."""
-    from .bench_serving import start_router
-
     runs = [Measured(None, 0), *(Measured(link, c) for link in links for c in (0, chunks[link][0]))]
-    endpoint, stop_router = start_router()
-    try:
+    with local_router("pipeline-router") as endpoint:
         bar.set_postfix_str("measuring: a stage hop on loopback")
         hop = [dataclasses.asdict(h) for h in stage_hop.measure(count=HOP_MESSAGES)]
         log, client = EventLog(log_path), Client()
@@ -652,8 +649,6 @@ def measure(setup: Setup, links: list[LinkSetting], chunks: dict, cores: dict[st
         finally:
             client.close()
             log.close()
-    finally:
-        stop_router()
     return runs, hop
 
 

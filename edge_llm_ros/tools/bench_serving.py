@@ -39,13 +39,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import TextIO
 
 from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
 from edge_llm_ros.core.device_profile import cpu_name
 
-from .deployment import Deployment, EventLog, bench_main, report_paths
+from .deployment import Deployment, EventLog, bench_main, local_router, report_paths
 from .generate import Parser, one_line
 from .loading import ToolError
 from .prompts import BENCH_PROMPTS, BenchPrompt
@@ -380,35 +379,13 @@ def serving_lines(log: EventLog) -> list[str]:
     return [m.string.split("]: ", 1)[-1] for _, m in log.find(READY[0][1])]
 
 
-def start_router() -> tuple[str, Callable[[], None]]:
-    """A Zenoh router on a free port for this process's session and the nodes; its endpoint and a
-    function that stops it (and waits until its session closed: a process exiting under a closing
-    zenoh session aborts)."""
-    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, serve
-
-    endpoint = free_endpoint()
-    os.environ[ENDPOINT_ENV] = endpoint
-    stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=serve, args=(endpoint, ready, stop), daemon=True, name="serving-router")
-    thread.start()
-    if not ready.wait(20):
-        raise ToolError(f"could not start a zenoh router at {endpoint}")
-
-    def stop_router() -> None:
-        stop.set()
-        thread.join(20)
-
-    return endpoint, stop_router
-
-
 def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[BenchPrompt], max_new_tokens: int,
               log: EventLog, progress: bool) -> dict[int, list[Request]]:
     """One deployment of the pipeline, every client count in turn (after one untimed request)."""
     from tqdm import tqdm
 
     runs = {}
-    endpoint, stop_router = start_router()
-    try:
+    with local_router("serving-router") as endpoint:
         clients = Clients()
         try:
             with Deployment(plan, endpoint, log, "pipeline") as deployment:
@@ -423,8 +400,6 @@ def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[Ben
                         bar.update(n * per_client)
         finally:
             clients.close()
-    finally:
-        stop_router()
     return runs
 
 

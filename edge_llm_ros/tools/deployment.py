@@ -4,7 +4,9 @@ Contract: :class:`Deployment` runs a LaunchPlan (``runtime/launcher``) until it 
 each process by the launcher's own lines (pid, RSS, a kill on request, deaths nobody asked for);
 :class:`EventLog` is the text stream the launcher writes to, every line kept with the time it
 came, so a bench can wait for a line and time what happened between two; :func:`ask_profile`
-asks a deployed node to measure itself (srv/Profile).
+asks a deployed node to measure itself (srv/Profile); :func:`local_router` runs a Zenoh router in
+this process and :func:`router_named` points this process's sessions and the nodes it launches at
+one, through :func:`environment` (the variables as they were once the bench is done).
 """
 
 from __future__ import annotations
@@ -15,9 +17,59 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .loading import ToolError
+
+
+@contextmanager
+def environment(**changes: str) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (for this process and the nodes it launches) until the block is
+    left; then every variable is as it was."""
+    before = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def router_named(endpoint: str) -> Iterator[str]:
+    """This process's sessions and the nodes it launches meet at ``endpoint`` (EDGE_LLM_ZENOH_ROUTER)
+    until the block is left."""
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV
+
+    with environment(**{ENDPOINT_ENV: endpoint}):
+        yield endpoint
+
+
+@contextmanager
+def local_router(name: str) -> Iterator[str]:
+    """A Zenoh router on a free loopback port, on a thread of this process (``name``), named for this
+    process's sessions and the nodes it launches (:func:`router_named`); its endpoint. On leaving, the
+    router stops and its session is closed before this returns (a process exiting under a closing
+    Zenoh session aborts)."""
+    from edge_llm_ros.runtime.router import free_endpoint, serve
+
+    endpoint = free_endpoint()
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(endpoint, ready, stop), daemon=True, name=name)
+    thread.start()
+    try:
+        if not ready.wait(20):
+            raise ToolError(f"could not start a zenoh router at {endpoint}")
+        with router_named(endpoint):
+            yield endpoint
+    finally:
+        stop.set()
+        thread.join(20)
 
 
 class EventLog:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .deployment import Deployment, EventLog
+from .deployment import Deployment, EventLog, environment
 from .fuzz import TOPICS, Fuzzer
 from .generate import Parser, one_line
 from .loading import ToolError
@@ -390,9 +390,9 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
     from edge_llm_ros.nodes.common import TRIM_PERIOD_ENV
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint
 
-    endpoint = free_endpoint()
-    os.environ[ENDPOINT_ENV] = endpoint  # this process's session and the nodes meet at the launcher's router
-    os.environ.setdefault(TRIM_PERIOD_ENV, str(TRIM_PERIOD_S))  # the nodes trim their heaps this often
+    endpoint = free_endpoint()  # this process's session and the nodes meet at the launcher's router
+    nodes_env = {ENDPOINT_ENV: endpoint,
+                 TRIM_PERIOD_ENV: os.environ.get(TRIM_PERIOD_ENV, str(TRIM_PERIOD_S))}  # heaps trimmed this often
     log, references = EventLog(log_path), References()
     started = time.perf_counter()
     goal_deadline_s = 60.0
@@ -405,7 +405,7 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
         mark[0] = now
         print(f"[reliability] {name}: {phases[name]:.1f} s", file=sys.stderr, flush=True)
 
-    with Deployment(edge_cloud_plan(launch_args), endpoint, log) as deployment:
+    with environment(**nodes_env), Deployment(edge_cloud_plan(launch_args), endpoint, log) as deployment:
         start = {name: start_time_s(log, name) for name in PEERS}
         fleet = Fleet(clients)
         try:
