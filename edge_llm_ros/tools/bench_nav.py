@@ -33,7 +33,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from .deployment import bench_main, report_paths
 from .generate import Parser
@@ -59,8 +59,20 @@ class Setup:
     decide_s: float  # the expert's decision time
 
 
+class Computed(NamedTuple):
+    command: object  # core/nav/actions.NavCommand
+    valid: bool
+    compute_s: float
+    rounds: int
+    tokens: int  # the answer's tokens (0 for the expert: no model)
+
+
+def pose_key(seed: int, pose) -> tuple:
+    return seed, round(pose.x, 9), round(pose.y, 9), round(pose.yaw, 9)
+
+
 class Decisions:
-    """Decisions by (seed, pose, mode), computed once: (command, valid, compute seconds, rounds)."""
+    """Decisions by (seed, pose, mode), computed once (:class:`Computed`)."""
 
     def __init__(self, setup: Setup, camera, navigators: dict) -> None:
         self.setup, self.camera, self.navigators = setup, camera, navigators
@@ -68,24 +80,26 @@ class Decisions:
         self.mismatches: list[dict] = []
 
     def get(self, seed: int, world, pose, mode: str):
-        key = (seed, round(pose.x, 9), round(pose.y, 9), round(pose.yaw, 9))
+        key = pose_key(seed, pose)
         known = self.cache.setdefault(key, {})
         if mode not in known:
             new = known[mode] = self.compute(world, pose, mode)
             for other_mode, other in known.items():  # every speculative answer against ar's, once
-                if "ar" in (mode, other_mode) and other_mode != mode and other[0].action != new[0].action:
+                if "ar" in (mode, other_mode) and other_mode != mode and other.command.action != new.command.action:
                     ar, spec, spec_mode = (new, other, other_mode) if mode == "ar" else (other, new, mode)
-                    self.mismatches.append({"seed": seed, "pose": [pose.x, pose.y, pose.yaw], "ar": ar[0].action,
-                                            "mode": spec_mode, "answer": spec[0].action})
+                    self.mismatches.append({"seed": seed, "pose": [pose.x, pose.y, pose.yaw],
+                                            "ar": ar.command.action, "mode": spec_mode,
+                                            "answer": spec.command.action})
         return known[mode]
 
     def compute(self, world, pose, mode: str):
         if self.setup.policy == "expert":
             from edge_llm_ros.core.nav.expert import camera_expert
 
-            return camera_expert(world, pose), True, self.setup.decide_s, 1
+            return Computed(camera_expert(world, pose), True, self.setup.decide_s, 1, 0)
         decision = self.navigators[mode].decide(self.camera.render(world, pose), INSTRUCTION)
-        return decision.command, decision.valid, decision.decide_s, max(decision.stats.rounds, 1)
+        return Computed(decision.command, decision.valid, decision.decide_s, max(decision.stats.rounds, 1),
+                        decision.stats.new_tokens)
 
 
 def load_navigators(modes: set[str], threads: int | None) -> dict:
@@ -125,10 +139,44 @@ def calibrate(decisions: Decisions, setup: Setup, link, frame_bytes: int) -> dic
         d = DEPLOYMENTS[name]
         times = []
         for pose in poses:
-            _, _, compute_s, rounds = decisions.get(seed, world, pose, d.mode)
-            times.append(d.decision_s(compute_s, rounds, frame_bytes, link))
+            computed = decisions.get(seed, world, pose, d.mode)
+            times.append(d.decision_s(computed.compute_s, computed.rounds, frame_bytes, link))
         predicted[name] = statistics.mean(times)
     return predicted
+
+
+def ee_regime(decisions: Decisions, starts: set[tuple]) -> dict | None:
+    """Every pose decided both in ar and in sd (the same frame, the same answer), its tokens and rounds
+    projected onto EE's own Go2 deployment (core/nav/deployment.EE_GO2): cloud AR against edge-cloud
+    sd per decision, and for the first motion (the decisions at the worlds' start poses, ``starts``).
+    Simulated, not measured; None without such pairs (one mode only, or the expert: no tokens)."""
+    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, EE_GO2
+
+    pairs = {key: (known["ar"], known["sd"]) for key, known in decisions.cache.items()
+             if "ar" in known and "sd" in known and known["sd"].tokens}
+    if not pairs:
+        return None
+    cloud, edge = DEPLOYMENTS["cloud-ar"], DEPLOYMENTS["edge-cloud-sd"]
+
+    def seconds(keys) -> dict[str, float] | None:
+        keys = [k for k in keys if k in pairs]
+        if not keys:
+            return None
+        return {"cloud-ar": round(statistics.mean(EE_GO2.decision_s(cloud, pairs[k][0].tokens, pairs[k][0].rounds)
+                                                  for k in keys), 3),
+                "edge-cloud-sd": round(statistics.mean(EE_GO2.decision_s(edge, pairs[k][1].tokens, pairs[k][1].rounds)
+                                                       for k in keys), 3)}
+
+    decision, first = seconds(pairs), seconds(starts)
+    sd = [sd for _, sd in pairs.values()]
+    return {"label": "simulated: EE Table 8's seconds, this run's tokens and rounds", "regime": EE_GO2.name,
+            "sources": list(EE_GO2.sources), "gamma": EE_GO2.gamma, "decisions": len(pairs),
+            "tau": round(sum(d.tokens for d in sd) / sum(d.rounds for d in sd), 2),
+            "decision_s": decision, "first_motion_s": first,
+            "first_motion_cloud_ar_over_edge_cloud_sd": round(first["cloud-ar"] / first["edge-cloud-sd"], 3)
+            if first else None,
+            "not_projected": "robot-ar and robot-sd (the regime's 7B target does not fit the robot); fsd and ee "
+                             "(pre-drafting from early exits needs a grammar-aware verifier, not built yet)"}
 
 
 def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True) -> dict:
@@ -157,10 +205,10 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
                 episodes, timings = {}, []
                 for seed, world in worlds.items():
                     def decide(pose, seed=seed, world=world):
-                        command, valid, compute_s, rounds = decisions.get(seed, world, pose, d.mode)
-                        seconds = d.decision_s(compute_s, rounds, frame_bytes, link)
+                        computed = decisions.get(seed, world, pose, d.mode)
+                        seconds = d.decision_s(computed.compute_s, computed.rounds, frame_bytes, link)
                         timings.append(seconds)
-                        return Timed(command, seconds, valid)
+                        return Timed(computed.command, seconds, computed.valid)
 
                     config = EpisodeConfig(overlap=schedule == "overlap", max_actions=setup.max_actions)
                     episodes[seed] = run_episode(world, decide, config)
@@ -185,6 +233,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
         "lossless": not decisions.mismatches,
         "mismatches": decisions.mismatches,
         "decisions_computed": sum(len(v) for v in decisions.cache.values()),
+        "ee_regime": ee_regime(decisions, {pose_key(seed, w.start) for seed, w in worlds.items()}),
         "trajectories": {f"{r['deployment']}/{r['schedule']}": r.pop("trajectories") for r in runs},
         "worlds": {seed: world.to_dict() for seed, world in worlds.items()},
     }
@@ -260,6 +309,12 @@ def format_table(report: dict) -> str:
         lines.append(f"waiting, stop-and-go / overlap, {name}: {value:.2f}x")
     for schedule, value in rat["first_motion_cloud_ar_over_planned"].items():
         lines.append(f"first motion, cloud-ar / planned ({report['planned']}), {schedule}: {value:.3f}x")
+    ee = report.get("ee_regime")
+    if ee:
+        lines.append(f"EE's Go2 regime ({ee['label']}; {ee['decisions']} decisions, tau {ee['tau']:.2f}): decision "
+                     f"cloud-ar {ee['decision_s']['cloud-ar']:.2f} s, edge-cloud-sd {ee['decision_s']['edge-cloud-sd']:.2f} s"
+                     + (f"; first motion cloud-ar / edge-cloud-sd {ee['first_motion_cloud_ar_over_edge_cloud_sd']:.3f}x"
+                        if ee["first_motion_s"] else ""))
     lines.append(f"lossless (speculative answers equal ar's on the same frames): {report['lossless']}")
     return "\n".join(lines)
 
