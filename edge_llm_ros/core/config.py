@@ -146,6 +146,7 @@ class GenerationStats:
     ttft_s: float = 0.0
     total_time_s: float = 0.0
     alphas: list[float] = field(default_factory=list)  # llmcad threshold after each round
+    token_probs: list[float] = field(default_factory=list)  # the target's probability of each token (Verification.probs)
     finish_reason: str = ""
 
     @property

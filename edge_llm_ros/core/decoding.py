@@ -163,6 +163,8 @@ def verify_step(
         logits = constrain(logits, torch.stack([allowed(path) for path in paths]))
     result = verify(tree, logits, sampler)
     kept = [0] + result.path
+    rows = logits.reshape(-1, logits.shape[-1])[kept].float()
+    result.probs = rows.softmax(-1).gather(-1, torch.tensor(result.new_tokens)[:, None])[:, 0].tolist()
     cache.keep(list(range(prefix_len)) + [prefix_len + node for node in kept])
     if observe is not None:
         observe(prefix_len, hidden[kept])
@@ -222,6 +224,7 @@ def record_round(stats: GenerationStats, tree: TokenTree, result: Verification, 
     stats.verify_time_s += verify_s
     stats.drafted += len(tree)
     stats.accepted.append(result.accepted)
+    stats.token_probs += result.probs
 
 
 def finish_reason(generated: list[int], limit: int, eos: tuple[int, ...], stops: StopStrings) -> str:

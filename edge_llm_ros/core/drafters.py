@@ -126,7 +126,7 @@ class ModelDrafter:
         self.vocab_ids = None
         if vocab_ids is not None:
             self.vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
-            self._head_weight = model.lm_head.weight.detach()[self.vocab_ids].clone()
+            self.model = model.with_vocabulary(self.vocab_ids)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -148,12 +148,7 @@ class ModelDrafter:
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + head over [1, T, E] -> logits [T, V] (-inf outside ``vocab_ids``)."""
-        if self.vocab_ids is None:
-            return self.model.head(hidden)[0]
-        sub = torch.nn.functional.linear(self.model.norm(hidden[0]), self._head_weight)  # [T, V_sub]
-        full = torch.full((sub.shape[0], self.vocab_size), float("-inf"), dtype=sub.dtype)
-        full[:, self.vocab_ids] = sub
-        return full
+        return self.model.head(hidden)[0]
 
     def _reuse_last_tree(self, context: list[int]) -> None:
         """Keep the last tree's fed nodes that ``context`` went on to accept; drop the rest."""

@@ -187,6 +187,20 @@ class TorchCausalLM:
         view._embedding_rows = (ids, values.to(self.device))
         return view
 
+    def with_vocabulary(self, token_ids: Sequence[int]) -> TorchCausalLM:
+        """A view whose head computes the logits of ``token_ids`` only, every other token's at -inf:
+        for constrained decoding, where no other token can ever be allowed (core/constraint.py: a
+        grammar's candidates and EOS), the same greedy choices and masked distributions at a fraction
+        of the head's cost. Shares every weight with this model but the head's rows, copied once."""
+        ids = torch.tensor(sorted({int(i) for i in token_ids}), dtype=torch.long)
+        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"a vocabulary view needs token ids in 0..{self.vocab_size - 1}")
+        view = copy.copy(self)
+        weight = self.lm_head.weight.detach()[ids.to(self.lm_head.weight.device)]  # [n, E]
+        bias = None if self.lm_head.bias is None else self.lm_head.bias.detach()[ids]
+        view._vocabulary = (ids.to(self.device), weight.contiguous(), weight.t().contiguous(), bias)
+        return view
+
     def rotary_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, T, D] from the model's own rotary module."""
         return self.rotary(hidden, position_ids)
@@ -274,6 +288,15 @@ class TorchCausalLM:
         x = self.norm(hidden)
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1])  # [R, E]
+        vocabulary = getattr(self, "_vocabulary", None)
+        if vocabulary is not None:  # a vocabulary view (with_vocabulary): those columns only
+            ids, weight, transposed, bias = vocabulary
+            part = flat @ transposed if rows <= TRANSPOSED_HEAD_ROWS else (weight @ flat.t()).t()
+            if bias is not None:
+                part = part + bias
+            out = torch.full((rows, self.vocab_size), float("-inf"), dtype=part.dtype, device=part.device)
+            out[:, ids] = part
+            return out.reshape(*x.shape[:-1], -1)
         if rows <= TRANSPOSED_HEAD_ROWS and self._head_copy is not None:
             out = flat @ self._transposed_head()
         elif rows <= SWAPPED_HEAD_ROWS:

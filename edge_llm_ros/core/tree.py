@@ -155,11 +155,14 @@ class TokenTree:
 
 @dataclass
 class Verification:
-    """Outcome of verifying a tree: the accepted path (node indices) and the target's bonus token."""
+    """Outcome of verifying a tree: the accepted path (node indices) and the target's bonus token;
+    ``probs``, where the verifier filled it in: the target's probability of each new token (its
+    logits as they were verified, constrained if they were, at temperature 1)."""
 
     path: list[int]
     tokens: list[int]
     bonus: int
+    probs: list[float] = field(default_factory=list)
 
     @property
     def accepted(self) -> int:

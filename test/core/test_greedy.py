@@ -102,3 +102,19 @@ def test_speculative_modes_default_to_prompt_lookup_and_presets(tiny):
     assert (config.tree_depth, config.tree_width) == (4, 7) and config.mode == "tree"
     result = generate_all(tiny, prompt, config)  # no drafter given: prompt lookup
     assert result.tokens == hf_greedy(tiny, prompt, 20) and result.stats.drafted > 0
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "tree"])
+def test_each_tokens_probability_is_the_targets_as_verified(tiny, tiny_drafters, mode):
+    """stats.token_probs: the target's probability of every generated token, read off the logits the
+    engine verified with (what the navigator's confidence uses instead of a second pass)."""
+    prompt = [1, 2, 3, 4]
+    result = generate_all(tiny, prompt, preset(mode, max_new_tokens=12),
+                          tiny_drafters["shallow"] if mode != "ar" else None)
+    ids = prompt + result.tokens
+    with torch.inference_mode():
+        logits = tiny.forward(torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None, tiny.new_cache(32),
+                              logits_rows=slice(len(prompt) - 1, None))
+    want = logits.float().softmax(-1).gather(-1, torch.tensor(result.tokens)[:, None])[:, 0]
+    assert len(result.stats.token_probs) >= len(result.tokens)
+    assert torch.allclose(torch.tensor(result.stats.token_probs[: len(result.tokens)]), want, atol=1e-4)

@@ -1,6 +1,7 @@
 import importlib.util
 import os
 
+import pytest
 import torch
 
 from edge_llm_ros.core import TokenTree, chat_prompt, default_model_path, tiny_llama
@@ -102,3 +103,19 @@ def test_head_copy_follows_weight_updates():
     after = model.head(hidden)
     assert torch.allclose(after, model.lm_head(model.norm(hidden)).detach(), atol=1e-5)
     assert not torch.allclose(after, before)
+
+
+def test_a_vocabulary_view_scores_its_tokens_only_and_exactly(tiny):
+    ids = [3, 7, 8, 40, 63]
+    view = tiny.with_vocabulary(ids)
+    cache, view_cache = tiny.new_cache(16), view.new_cache(16)
+    tokens, positions = torch.tensor([1, 5, 9, 2]), torch.arange(4)
+    for rows in (slice(-1, None), slice(-2, None), slice(None)):  # 1, 2 and 4 rows: each head path
+        full = tiny.forward(tokens, positions, None, tiny.new_cache(16), logits_rows=rows)
+        part = view.forward(tokens, positions, None, view.new_cache(16), logits_rows=rows)
+        assert torch.allclose(part[..., ids], full[..., ids], atol=1e-5)
+        others = [i for i in range(tiny.vocab_size) if i not in ids]
+        assert torch.isneginf(part[..., others]).all()
+    assert view.lm_head is tiny.lm_head and cache.length == view_cache.length == 0  # weights shared
+    with pytest.raises(ValueError, match="token ids in 0..63"):
+        tiny.with_vocabulary([64])

@@ -198,3 +198,40 @@ def test_train_nav_refuses_bad_options_before_loading_anything():
     assert main(["nav", "--worlds", "0"]) == 2
     assert main(["nav", "--eval-worlds", "9-3"]) == 2
     assert main(["nav", "--eval-worlds", "x"]) == 2
+
+
+def test_the_confidence_is_the_constrained_targets_probability_of_the_action_line(vlm, frames):
+    """Read off the verified logits (no second pass), it equals a teacher-forced pass over the answer."""
+    import math
+
+    import torch
+
+    from edge_llm_ros.core.constraint import constrain
+    from edge_llm_ros.core.decoding import generate_all
+    from edge_llm_ros.core.drafters import ModelDrafter
+    from edge_llm_ros.core.nav.actions import ACTION_PREFIX
+    from edge_llm_ros.core.nav.navigator import action_confidence
+
+    adapter, target, draft = vlm
+    navigator = Navigator(adapter, target, draft, GenerationConfig(mode="sd", max_new_tokens=64, gamma=3))
+    grammar, prompt = navigator.grammar, navigator.prompt("go to the red chair")
+    for frame in frames:
+        view = adapter.condition(navigator.target, frame)
+        drafter = ModelDrafter(adapter.condition(navigator.draft, frame, "draft"))
+        result = generate_all(view, prompt, navigator.config, drafter, grammar=grammar)
+        answer, written, first = result.tokens, "", len(result.tokens)
+        for i, token in enumerate(answer):
+            written += grammar.texts[token]
+            if "\n" + ACTION_PREFIX in written:
+                first = i + 1
+                break
+        ids = prompt + answer
+        with torch.inference_mode():
+            logits = view.forward(torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None, view.new_cache(len(ids)),
+                                  logits_rows=slice(len(prompt) - 1, None))
+        log_p = sum(float(constrain(logits[r], grammar.allowed(answer[:r])).float().log_softmax(-1)[answer[r]])
+                    for r in range(first, len(answer)))
+        want = math.exp(log_p) if first < len(answer) else 0.0
+        assert action_confidence(answer, result.stats.token_probs, grammar) == pytest.approx(want, abs=1e-4)
+        decision = navigator.decide(frame, "go to the red chair")  # the same answer, its confidence
+        assert decision.confidence == pytest.approx(want if decision.valid else 0.0, abs=1e-4)

@@ -7,7 +7,8 @@ the answer in the configured mode with target and draft masked alike by the gram
 constraint.py), so the answer is always a sentence of the grammar (or a prefix of one if the
 token limit ends it; then it does not parse and the action is stop) and is the constrained
 target's answer in every lossless mode. The confidence is the target's probability of the action
-line's tokens under the same masks. Knows nothing about ROS.
+line's tokens under the same masks, as the engine verified them (no second pass). Knows nothing
+about ROS.
 
 Overlap (no stop-and-go, as in EE's pre-drafting and LiveVLN): the node asks for the next
 decision on the newest frame while the robot still executes the current one; :class:`Waiting`
@@ -21,10 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..config import GenerationConfig, GenerationStats
-from ..constraint import TokenGrammar, constrain
+from ..constraint import TokenGrammar
 from ..decoding import generate_all
 from ..drafters import ModelDrafter
 from ..models import TorchCausalLM
@@ -54,16 +54,18 @@ class Navigator:
     def __init__(self, adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausalLM | None = None,
                  config: GenerationConfig | None = None, magnitudes: Magnitudes | None = None) -> None:
         self.adapter = adapter
-        self.target = adapter.attach(target, "target")  # with the adapter's LoRA merged, if it has one
-        self.draft = None if draft is None else adapter.attach(draft, "draft")
+        tokenizer = target.tokenizer
+        self.grammar = TokenGrammar.for_tokenizer(ANSWER, tokenizer, target.vocab_size, [tokenizer.eos_token_id])
+        # no token outside the grammar's candidates (and EOS) is ever allowed: the heads score those only
+        vocabulary = [*self.grammar.candidates, *self.grammar.eos_ids]
+        self.target = adapter.attach(target, "target").with_vocabulary(vocabulary)  # the adapter's LoRA merged
+        self.draft = None if draft is None else adapter.attach(draft, "draft").with_vocabulary(vocabulary)
         self.config = config or GenerationConfig(mode="ar", max_new_tokens=MAX_ANSWER_TOKENS)
         if self.config.mode != "ar" and draft is None:
             raise ValueError(f"mode {self.config.mode!r} needs a draft model")
         if self.config.temperature != 0.0:
             raise ValueError("the navigator decides greedily (temperature 0): the same frame, the same action")
         self.magnitudes = magnitudes or Magnitudes()
-        tokenizer = target.tokenizer
-        self.grammar = TokenGrammar.for_tokenizer(ANSWER, tokenizer, target.vocab_size, [tokenizer.eos_token_id])
         self._prompts: dict[str, list[int]] = {}
 
     def prompt(self, instruction: str) -> list[int]:
@@ -82,13 +84,14 @@ class Navigator:
         result = generate_all(view, prompt, self.config, drafter, grammar=self.grammar)
         text = result.text or ""
         command, error = parse_or_stop(text)
-        confidence = action_confidence(view, prompt, result.tokens, self.grammar) if not error else 0.0
+        confidence = action_confidence(result.tokens, result.stats.token_probs, self.grammar) if not error else 0.0
         return Decision(command, text, error, confidence, time.perf_counter() - start, result.stats)
 
 
-def action_confidence(view: TorchCausalLM, prompt: list[int], answer: list[int], grammar: TokenGrammar) -> float:
+def action_confidence(answer: list[int], probs: list[float], grammar: TokenGrammar) -> float:
     """The constrained target's probability of the action line's tokens (those from the token that
-    completes "\\naction: " on), from one teacher-forced pass over prompt + answer."""
+    completes "\\naction: " on): the product of their ``probs``, the target's probability of each
+    answer token as the engine verified it (GenerationStats.token_probs)."""
     texts = grammar.texts
     written, first = "", len(answer)
     for i, token in enumerate(answer):
@@ -96,18 +99,9 @@ def action_confidence(view: TorchCausalLM, prompt: list[int], answer: list[int],
         if "\n" + ACTION_PREFIX in written:
             first = i + 1
             break
-    action = answer[first:]
-    if not action:
+    if first >= len(answer) or len(probs) < len(answer):
         return 0.0
-    ids = prompt + answer
-    with torch.inference_mode():
-        logits = view.forward(torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), None,
-                              view.new_cache(len(ids)), logits_rows=slice(len(prompt) - 1 + first, None))
-    log_p = 0.0
-    for row, token in enumerate(action):
-        allowed = grammar.allowed(answer[: first + row])
-        log_p += float(constrain(logits[row], allowed).float().log_softmax(-1)[token])
-    return math.exp(log_p)
+    return math.prod(probs[first: len(answer)])
 
 
 @dataclass
