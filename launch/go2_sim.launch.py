@@ -2,9 +2,13 @@
 navigator_node (frames + instruction -> NavAction through the VLM) and go2_bridge_node (NavAction
 -> /cmd_vel within limits, watchdog, e-stop), on either runtime.
 
-    edge-llm-ros launch go2_sim [world:=seeded seed:=7 mode:=ar overlap:=true ...]
+    edge-llm-ros launch go2_sim [world:=seeded seed:=7 mode:=ar overlap:=true deployment:=edge_cloud ...]
     ros2 launch edge_llm_ros go2_sim.launch.py
     edge-llm-ros topic pub --once /edge_llm/instruction std_msgs/msg/String "{data: 'go to the red chair'}"
+
+`deployment:=edge_cloud` also starts verifier_node (the server: SmolLM2 + the navigation adapter,
+task nav) and the navigator keeps only the draft, over an emulated 50 ms RTT link (both in the
+params file); `robot` (the default) runs the whole VLM in the navigator.
 
 Parameters live in config/go2_sim.yaml; every one of them is a launch argument (one shared by
 two nodes, such as max_frame_age_s, sets both). The navigator is a lifecycle node (it loads the
@@ -21,10 +25,33 @@ NODES = [
      "respawn": True, "respawn_delay": 1.0},
     {"executable": "navigator_node", "name": "navigator", "namespace": "edge_llm", "lifecycle": True,
      "required": False, "respawn": True, "respawn_delay": 1.0},
+    {"executable": "verifier_node", "name": "verifier_node", "namespace": "edge_llm", "lifecycle": True,
+     "required": False, "respawn": True, "respawn_delay": 1.0},
 ]
+DEPLOYMENTS = ("robot", "edge_cloud")
+
+
+def select_nodes(arguments: dict[str, str]) -> list[str]:
+    """Every node but the verifier, which `deployment:=edge_cloud` adds; ValueError for another deployment."""
+    deployment = arguments.get("deployment", "robot")
+    if deployment not in DEPLOYMENTS:
+        raise ValueError(f"deployment:={deployment}: must be one of {' | '.join(DEPLOYMENTS)}")
+    return [n["name"] for n in NODES if n["name"] != "verifier_node" or deployment == "edge_cloud"]
 
 
 def generate_launch_description():
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
     from edge_llm_ros.launch_support import describe
 
-    return describe(NODES, CONFIG)
+    def nodes(context):
+        chosen = select_nodes({"deployment": context.launch_configurations.get("deployment", "robot")})
+        return describe([n for n in NODES if n["name"] in chosen], CONFIG).entities
+
+    return LaunchDescription([
+        DeclareLaunchArgument("deployment", default_value="robot",
+                              description="robot: the VLM in the navigator; edge_cloud: the draft there, the "
+                                          "target on verifier_node"),
+        OpaqueFunction(function=nodes),
+    ])

@@ -5,7 +5,8 @@ state, ``step(state, ch)`` -> the next state or None, ``accepting(state)``) and 
 token texts into a mask over the vocabulary: ``allowed(generated)`` is a bool tensor [V], True for
 each token whose text keeps ``generated``'s text inside the grammar, and True for the EOS tokens
 once the text is a complete sentence of it (then only for them). Masks are cached per automaton
-state, so a state costs one pass over the candidate tokens once.
+state; a new one walks every candidate token at once over a transition table the automaton fills
+as it is used (a few milliseconds), and :meth:`TokenGrammar.warm` makes every mask at load.
 
 How the engine uses it (core/decoding.py): every row of the target's logits is masked with the
 allowed set after that row's context (the generated tokens and the tree path to the row), and the
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -48,11 +50,65 @@ def token_texts(tokenizer, vocab_size: int) -> list[str]:
     return texts
 
 
+class _Walker:
+    """Walks every candidate token from one state at once. Token texts are rows of character ids
+    [N, L]; the automaton's transitions fill a table (state id x character id -> state id) as they
+    are first taken, so a mask costs one table gather per character position over the tokens still
+    alive, not one Python step per character of every token."""
+
+    UNKNOWN, DEAD = -2, -1
+
+    def __init__(self, automaton: CharAutomaton, texts: Sequence[str], candidates: list[int]) -> None:
+        self.automaton = automaton
+        self.alphabet = sorted(automaton.alphabet)
+        index = {c: i for i, c in enumerate(self.alphabet)}
+        self.lengths = np.array([len(texts[i]) for i in candidates], dtype=np.int64)
+        self.chars = np.zeros((len(candidates), int(self.lengths.max(initial=0))), dtype=np.int64)
+        for row, i in enumerate(candidates):
+            self.chars[row, : len(texts[i])] = [index[c] for c in texts[i]]
+        self.states: list[Hashable] = []
+        self.ids: dict[Hashable, int] = {}
+        self.table = np.full((64, len(self.alphabet)), self.UNKNOWN, dtype=np.int64)
+
+    def id(self, state: Hashable) -> int:
+        if state not in self.ids:
+            if len(self.states) == len(self.table):
+                grown = np.full((2 * len(self.table), len(self.alphabet)), self.UNKNOWN, dtype=np.int64)
+                grown[: len(self.table)] = self.table
+                self.table = grown
+            self.ids[state] = len(self.states)
+            self.states.append(state)
+        return self.ids[state]
+
+    def alive(self, state: Hashable) -> np.ndarray:
+        """Bool [N]: the candidates whose whole text can be walked from ``state``."""
+        n = len(self.lengths)
+        current = np.full(n, self.id(state), dtype=np.int64)
+        alive = np.ones(n, dtype=bool)
+        for k in range(self.chars.shape[1]):
+            rows = np.nonzero(alive & (self.lengths > k))[0]
+            if len(rows) == 0:
+                break
+            at, chars = current[rows], self.chars[rows, k]
+            after = self.table[at, chars]
+            unknown = after == self.UNKNOWN
+            if unknown.any():
+                for s, c in set(zip(at[unknown].tolist(), chars[unknown].tolist())):
+                    step = self.automaton.step(self.states[s], self.alphabet[c])
+                    value = self.DEAD if step is None else self.id(step)
+                    self.table[s, c] = value  # after id(): the table may have grown
+                after = self.table[at, chars]
+            dead = after == self.DEAD
+            alive[rows[dead]] = False
+            current[rows[~dead]] = after[~dead]
+        return alive
+
+
 class TokenGrammar:
     """The vocabulary masks of one automaton for one tokenizer (see the module docstring)."""
 
     def __init__(self, automaton: CharAutomaton, texts: Sequence[str], eos_ids: Sequence[int],
-                 start_text: str = "") -> None:
+                 start_text: str = "", _walker: _Walker | None = None) -> None:
         """``start_text``: the sentence's beginning, already written (in the prompt): the generated
         tokens continue it."""
         if not eos_ids:
@@ -63,6 +119,8 @@ class TokenGrammar:
         self.eos_ids = [int(e) for e in eos_ids]
         # Only tokens spelled in the automaton's alphabet can ever be allowed.
         self.candidates = [i for i, t in enumerate(self.texts) if t and set(t) <= automaton.alphabet]
+        self._walker = _walker or _Walker(automaton, self.texts, self.candidates)
+        self._candidate_ids = torch.tensor(self.candidates, dtype=torch.long)
         self._masks: dict[Hashable, torch.Tensor] = {}
         self.start = self.walk(automaton.start, start_text)
         if self.start is None:
@@ -76,7 +134,7 @@ class TokenGrammar:
 
     def continuing(self, start_text: str) -> TokenGrammar:
         """The same grammar for tokens that continue ``start_text`` (token texts shared)."""
-        return TokenGrammar(self.automaton, self.texts, self.eos_ids, start_text)
+        return TokenGrammar(self.automaton, self.texts, self.eos_ids, start_text, self._walker)
 
     def walk(self, state: Hashable | None, text: str) -> Hashable | None:
         step = self.automaton.step
@@ -109,14 +167,26 @@ class TokenGrammar:
             return torch.zeros(self.vocab_size, dtype=torch.bool)
         if state not in self._masks:
             allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-            for i in self.candidates:
-                if self.walk(state, self.texts[i]) is not None:
-                    allowed[i] = True
             if self.automaton.accepting(state):
-                allowed[:] = False  # a complete sentence: it ends here
-                allowed[self.eos_ids] = True
+                allowed[self.eos_ids] = True  # a complete sentence: it ends here
+            else:
+                allowed[self._candidate_ids[torch.from_numpy(self._walker.alive(state))]] = True
             self._masks[state] = allowed
         return self._masks[state]
+
+    def warm(self, max_states: int = 100_000) -> int:
+        """Make the mask of every state reachable from the start (character by character over the
+        automaton's alphabet, at most ``max_states``); returns how many masks the grammar holds."""
+        seen, frontier = {self.start}, [self.start]
+        while frontier and len(seen) < max_states:
+            state = frontier.pop()
+            self.mask(state)
+            for ch in self.automaton.alphabet:
+                after = self.automaton.step(state, ch)
+                if after is not None and after not in seen:
+                    seen.add(after)
+                    frontier.append(after)
+        return len(self._masks)
 
     def allowed(self, generated: Sequence[int]) -> torch.Tensor:
         return self.mask(self.state_after(generated))

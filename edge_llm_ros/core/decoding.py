@@ -159,8 +159,7 @@ def verify_step(
     else:
         logits, hidden = target.forward(ids, positions, mask, cache, return_hidden=True)
     if allowed is not None:
-        paths = [[tree.tokens[n] for n in tree.path(node)] for node in range(len(tree.tokens))]
-        logits = constrain(logits, torch.stack([allowed(path) for path in paths]))
+        logits = constrain(logits, tree_allowed(tree, allowed))
     result = verify(tree, logits, sampler)
     kept = [0] + result.path
     rows = logits.reshape(-1, logits.shape[-1])[kept].float()
@@ -169,6 +168,12 @@ def verify_step(
     if observe is not None:
         observe(prefix_len, hidden[kept])
     return result
+
+
+def tree_allowed(tree: TokenTree, allowed: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:
+    """Bool [N+1, V]: the tokens ``allowed`` lets follow each row of ``tree`` (the root, then every
+    node), after the tree path down to it."""
+    return torch.stack([allowed([tree.tokens[n] for n in tree.path(node)]) for node in range(len(tree.tokens))])
 
 
 def observer(drafter: Drafter | None) -> Observer | None:

@@ -43,23 +43,16 @@ pre-drafting threads run in parallel).
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, goal_overrides, run_node, stamp, to_message
+from edge_llm_ros.nodes.common import goal_overrides, run_node, stamp
+from edge_llm_ros.nodes.edge_link import VerifierLink, VerifierTimeout
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
-
-
-PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
-
-
-class VerifierTimeout(TimeoutError):
-    """No final VerifyResult within timeout_s, or no verifier any more."""
 
 
 def request_errors() -> tuple[type[Exception], ...]:
@@ -144,20 +137,15 @@ class DraftNode(ManagedNode):
         super().__init__("draft_node", DraftParams)
         p = self.params
         self.drafter = self.tokenizer = self.stage_drafter = None  # while configured
-        self.inboxes: dict[str, queue.Queue] = {}
         self.slots = threading.BoundedSemaphore(p.max_requests)  # one per running goal or instruction
         self.recent: list[tuple[str, Finished]] = []  # (mode, request) ended since the last stats tick
 
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
-        self.DraftTree = rt.message("edge_llm_ros/msg/DraftTree")
-        self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
         self.Generate = rt.action("edge_llm_ros/action/Generate")
-        self.draft_pub = rt.shaped(self, self.create_publisher(self.DraftTree, "draft", 100))
-        self.prune_pub = rt.shaped(self, self.create_publisher(self.PruneInfo, "prune", 100))
+        self.link = VerifierLink(self, p.timeout_s)  # draft -> verifier -> verify, and prune
         self.response_pub = self.create_publisher(self.TokenChunk, "response", 100)
         self.stats_pub = self.create_publisher(self.Stats, "stats", 10)
-        self.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
         self.create_subscription(rt.message("std_msgs/msg/String"), "instruction", self.on_instruction, 10)
         self.action_server = rt.ActionServer(self, self.Generate, "generate", self.execute,
                                              max_goals=p.max_requests, goal_callback=self.admit_goal,
@@ -168,7 +156,7 @@ class DraftNode(ManagedNode):
         if p.stages():
             from edge_llm_ros.nodes.stage_client import StageClient
 
-            self.stages = StageClient(self, p.stages(), p.timeout_s, self.inboxes, self.prune_pub)
+            self.stages = StageClient(self, p.stages(), p.timeout_s, self.link.inboxes, self.link.prune_pub)
 
     def load(self) -> str:
         import torch
@@ -197,7 +185,7 @@ class DraftNode(ManagedNode):
             self.stage_drafter = drafts[0].drafter
             return (f"D0 of a stage pipeline, drafting with {drafts[0].description} on {backend} ({why}), mode "
                     f"{p.mode}: {self.stages.describe()}")
-        self.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.send_draft,
+        self.drafter = self.link.drafter = EarlyExitDrafter([d.drafter for d in drafts], seed=0, sender=self.link.send,
                                         workers=p.predraft_workers, max_requests=p.max_requests,
                                         proposal_top_k=p.proposal_top_k)
         return (f"drafting with {drafts[0].description}, draft backend {backend} ({why}), "
@@ -207,23 +195,9 @@ class DraftNode(ManagedNode):
     def unload(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
-        self.drafter = self.tokenizer = self.stage_drafter = None
+        self.drafter = self.link.drafter = self.tokenizer = self.stage_drafter = None
 
     # -- callbacks ---------------------------------------------------------------------------------
-
-    def on_verify(self, msg) -> None:
-        """Early outcomes go to the drafter (pre-drafting), finals (and stages' refusals) to their
-        request's thread."""
-        from edge_llm_ros.core import VerifyOutcome
-
-        outcome = from_message(VerifyOutcome, msg)
-        inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
-        if inbox is None:
-            return  # another robot's request, or one that ended
-        if outcome.final:  # a verifier's final outcome, or a stage's refusal (stage pipeline)
-            inbox.put(outcome)
-        elif drafter is not None:
-            drafter.on_early(outcome)
 
     def admit_goal(self, goal) -> int:
         """Take a slot for the goal, or reject it at once: busy (max_requests running). Its fields
@@ -274,14 +248,10 @@ class DraftNode(ManagedNode):
 
         return chat_prompt(self.tokenizer, text) if self.params.chat_template else encode(self.tokenizer, text)
 
-    def send_draft(self, draft) -> None:
-        """Publish a DraftRequest on `draft` (also called by the drafter for drafts sent ahead)."""
-        self.draft_pub.publish(stamp(self, to_message(self.DraftTree, draft)))
-
     def stream(self, prompt: str, mode: str, config, finished: Finished):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
         VerifierTimeout, DraftRejectedError or ValueError (bad prompt / outcome)."""
-        from edge_llm_ros.core import EDGE_MODES, robot_rounds
+        from edge_llm_ros.core import EDGE_MODES
         from edge_llm_ros.core.detokenize import IncrementalDecoder
 
         if not prompt.strip():
@@ -289,17 +259,14 @@ class DraftNode(ManagedNode):
         if self.stages is not None:
             yield from self.stream_stages(prompt, mode, config, finished)
             return
-        drafter = self.drafter
-        if drafter is None:
+        if self.drafter is None:
             raise ValueError(self.refusal() or "not configured")
-        rid, inbox, decoder = uuid.uuid4().hex[:12], queue.Queue(), IncrementalDecoder(self.tokenizer)
+        rid, decoder = uuid.uuid4().hex[:12], IncrementalDecoder(self.tokenizer)
         _, early_exits, send_ahead = EDGE_MODES[mode]
-        started = time.monotonic()
-        self.inboxes[rid] = inbox
+        started, ended = time.monotonic(), []
         try:
-            for step, final in robot_rounds(drafter, rid, self.prompt_ids(prompt), config, send=self.send_draft,
-                                            await_final=lambda: self.await_final(inbox, len(finished.tokens)),
-                                            early_exits=early_exits, send_ahead=send_ahead):
+            for step, final in self.link.rounds(rid, self.prompt_ids(prompt), config, stats_out=ended,
+                                                early_exits=early_exits, send_ahead=send_ahead):
                 if not finished.tokens:
                     finished.ttft_s = time.monotonic() - started
                 finished.tokens += step.tokens
@@ -309,10 +276,8 @@ class DraftNode(ManagedNode):
                     finished.reason = step.finish_reason
                 yield Step(step.tokens, text, final.probs[: len(step.tokens)])
         finally:
-            self.inboxes.pop(rid, None)
-            finished.stats = drafter.end(rid)
+            finished.stats = ended[0] if ended else None
             finished.wall_s = time.monotonic() - started
-            self.prune_pub.publish(stamp(self, self.PruneInfo(request_id=rid, release=True)))
             self.end_request(rid, mode, config, finished)
 
     def stream_stages(self, prompt: str, mode: str, config, finished: Finished):
@@ -408,26 +373,6 @@ class DraftNode(ManagedNode):
         finished.tokens += tokens
         return Step(tokens, outline.point_text(index) + "\n", [])
 
-    def await_final(self, inbox: queue.Queue, tokens: int):
-        """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier
-        subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
-        PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
-        timeout_s = self.params.timeout_s
-        deadline, absent = time.monotonic() + timeout_s, 0
-        draft_topic = self.resolve_topic_name("draft")
-        while True:
-            try:
-                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
-            except queue.Empty:
-                pass
-            if time.monotonic() >= deadline:
-                raise VerifierTimeout(f"no final VerifyResult within timeout_s={timeout_s:g} s (after {tokens} "
-                                      f"tokens): is verifier_node running and subscribed to {draft_topic}?")
-            absent = absent + 1 if self.count_subscribers("draft") == 0 else 0
-            if absent >= 2:
-                raise VerifierTimeout(f"verifier gone: nothing subscribes to {draft_topic} any more "
-                                      f"(verifier_node died or is restarting; {tokens} token(s) committed)")
-
     def execute(self, goal_handle):
         """The generate action: accepted text as feedback, then the result (frees the goal's slot)."""
         try:
@@ -501,7 +446,7 @@ class DraftNode(ManagedNode):
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
             draft_time_s=sum(f.stats.critical_draft_s for f in done), verify_time_s=sum(f.stats.verify_s for f in done),
             cache_miss_rate=misses / (hits + misses) if hits + misses else 0.0,
-            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.inboxes)))
+            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.link.inboxes)))
 
     def end_request(self, request_id: str, mode: str, config, finished: Finished) -> None:
         """Publish the request's stats; log what it ignored (stale, duplicate, invalid outcomes)."""

@@ -11,6 +11,13 @@ Each decision conditions the target and the draft on the newest frame and genera
 target's answer). An answer that does not parse, a malformed frame, or an episode past
 `max_actions` becomes a stop. A valid `stop` ends the episode.
 
+`deployment`: `robot` runs target and draft in this process. `edge_cloud` keeps the draft and the
+adapter's vision encoder here and verifies on a verifier_node that serves task "nav"
+(`nav_adapter` set there): each decision's round 0 carries the frame's encoder features (2 kB)
+with the prompt on `draft`, outcomes come back on `verify` (nodes/edge_link.py), in any edge mode
+(`ar`: cloud decoding, `sd`, `tree`, `fsd`, `ee`), with the same answers as on one device. A
+verifier that does not answer within `timeout_s`, or is gone, stops the robot with the reason.
+
 `overlap` (default true): the next decision is made while the robot executes the current action,
 so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
 starts about one decision time before the motion ends (the bridge's state says how long a motion
@@ -34,6 +41,7 @@ import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
+from edge_llm_ros.nodes.edge_link import VerifierLink
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
 
@@ -42,13 +50,22 @@ from edge_llm_ros.nodes.parameters import param
 class NavigatorParams(ManagedParams):
     adapter: str = param("", "navigation adapter folder ('' = the shipped one for SmolLM2: edge-llm-ros train nav)")
     draft: str = param("", "draft model folder for the speculative modes ('' = the shipped SmolLM2 draft)")
-    mode: str = param("ar", "decoding mode (lossless under the grammar)", choices=("ar", "sd", "tree"))
+    mode: str = param("ar", "decoding mode (lossless under the grammar); fsd and ee: edge_cloud only",
+                      choices=("ar", "sd", "tree", "fsd", "ee"))
+    deployment: str = param("robot", "where the target runs: robot (this process) or edge_cloud (a verifier_node "
+                                     "serving task nav, over draft/verify)", choices=("robot", "edge_cloud"))
+    timeout_s: float = param(10.0, "edge_cloud: seconds to wait for a round's final VerifyResult", low=0.001)
     gamma: int = param(4, "drafted tokens per round (sd)", low=1, high=16)
     overlap: bool = param(True, "decide the next action while the robot executes the current one, carried "
                                  "over by /odom to the pose it starts from (false: stop-and-go)")
     max_actions: int = param(60, "an episode stops after this many actions", low=1)
     max_frame_age_s: float = param(1.0, "decide only from a frame at most this old (else wait for one)", low=0.01)
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+
+    def __post_init__(self) -> None:
+        if self.mode in ("fsd", "ee") and self.deployment != "edge_cloud":
+            raise ValueError(f"parameter 'mode': {self.mode} pre-drafts from a verifier's early exits: it needs "
+                             "deployment edge_cloud")
 
 
 class NavigatorNode(ManagedNode):
@@ -79,6 +96,7 @@ class NavigatorNode(ManagedNode):
         self.create_subscription(self.String, "instruction", self.on_instruction, 10)
         self.create_subscription(self.String, "go2_bridge/state", self.on_bridge_state, latched_qos())
         self.create_subscription(rt.message("nav_msgs/msg/Odometry"), "/odom", self.on_odometry, 10)
+        self.link = VerifierLink(self, self.params.timeout_s) if self.params.deployment == "edge_cloud" else None
         self.worker = threading.Thread(target=self.run, daemon=True, name="navigator")
         self.worker.start()
 
@@ -96,21 +114,47 @@ class NavigatorNode(ManagedNode):
 
         p = self.params
         set_threads(p.threads)
-        target = load_model()
+        target = load_model()  # on the robot of edge_cloud: the embeddings and head the shipped draft shares
         adapter = NavAdapter.load(p.adapter or None, target)
-        draft = load_draft(target, p.draft or None).model if p.mode != "ar" else None
+        remote = p.deployment == "edge_cloud"
+        draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
         config = GenerationConfig(mode=p.mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
-        self.navigator = Navigator(adapter, target, draft, config)
+        blank = np.zeros((96, 128, 3), np.uint8)
+        if remote:
+            self.navigator = self.remote_navigator(adapter, draft, config)
+            seconds_ = self.navigator.warm_up(blank, "go to the red chair")
+            where = (f"over edge-cloud: the draft here, SmolLM2 + the adapter on the verifier serving task nav "
+                     f"({self.resolve_topic_name('draft')} -> {self.resolve_topic_name('verify')})")
+        else:
+            self.navigator = Navigator(adapter, target, draft, config)
+            self.navigator.grammar.warm()  # every mask of the answer grammar, before a decision waits for one
+            seconds_ = self.navigator.decide(blank, "go to the red chair").decide_s
+            where = "on torch in this process"
         self.poses = PoseHistory()
-        warm = self.navigator.decide(np.zeros((96, 128, 3), np.uint8), "go to the red chair")  # torch's first
-        self.get_logger().info(f"warmed up: a first decision (a blank frame) in {warm.decide_s:.2f} s")  # pass is slow
+        self.get_logger().info(f"warmed up: a first {'draft' if remote else 'decision'} (a blank frame) in "
+                               f"{seconds_:.2f} s")  # torch's first pass is slow
         trained = adapter.training_info.get("action_accuracy")
         how = "overlapped with motion (carried over by /odom)" if p.overlap else "stop-and-go"
         return (f"navigating with SmolLM2 + adapter {p.adapter or 'shipped'}"
                 + (f" (held-out action accuracy {trained:.2f})" if trained is not None else "")
-                + f", mode {p.mode} on torch, decisions {how}")
+                + f", mode {p.mode} {where}, decisions {how}")
+
+    def remote_navigator(self, adapter, draft, config):
+        """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""
+        from edge_llm_ros.core import EarlyExitDrafter
+        from edge_llm_ros.core.drafters import ModelDrafter
+        from edge_llm_ros.core.nav.navigator import EdgeCloudNavigator
+
+        # the shared drafter answers what a request without its own asks (tokenizer, window: cloud ar);
+        # every speculative decision drafts with one conditioned on its frame
+        self.link.drafter = EarlyExitDrafter([ModelDrafter(adapter.attach(draft, "draft"))], seed=0,
+                                             sender=self.link.send, max_requests=2)
+        return EdgeCloudNavigator(adapter, draft, self.link.rounds, self.params.mode, config)
 
     def unload(self) -> None:
+        if self.link is not None and self.link.drafter is not None:
+            self.link.drafter.close()
+            self.link.drafter = None
         self.navigator = None
 
     # -- inputs ----------------------------------------------------------------------------------

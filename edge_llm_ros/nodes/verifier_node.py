@@ -20,6 +20,10 @@ autoregressive decoding (`cloud_tokens`: each generated token is one round, queu
 requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
 robot; verified if the previous round committed its `assumed_ids`, dropped silently otherwise).
 
+Navigation (`nav_adapter` set): the verifier also serves task "nav", a navigator_node's decisions
+over edge-cloud: the target with the navigation adapter's LoRA merged, conditioned per request on
+the image features its round 0 carries, and constrained to the action grammar (core/nav).
+
 `~/profile` (srv/Profile) measures the target here, now: milliseconds per row count over a cached
 prefix, on the verify thread between two drafts (the bench's simulator takes the server's speed
 from it, as the pipeline's from stage_node's).
@@ -56,6 +60,8 @@ class VerifierParams(ManagedParams):
     max_pending: int = param(64, "drafts waiting for the verifier", low=1, high=65536)
     idle_timeout_s: float = param(30.0, "seconds after which an idle request's cache is freed", low=0.001)
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    nav_adapter: str = param("", "also serve navigation decisions (task nav) with this adapter: 'shipped' (SmolLM2's, "
+                                 "edge-llm-ros train nav) or a folder; '' = text only")
 
     def __post_init__(self) -> None:
         self.layers()
@@ -98,8 +104,11 @@ class VerifierNode(ManagedNode):
             torch.set_num_threads(p.threads)
         target = load_model(p.model or None)
         exits = load_exits(target, p.exits or None)
+        tasks = self.tasks(target)
         self.verifier = EarlyExitVerifier(target, exits, layers=p.layers(), min_confidence=p.min_confidence,
-                                          max_requests=p.max_requests, eos_ids=eos_ids(target))
+                                          max_requests=p.max_requests, eos_ids=eos_ids(target), tasks=tasks)
+        if tasks:
+            self.get_logger().info(f"warmed up the tasks' models in {self.verifier.warm_up():.2f} s")
         self.inbox = DraftInbox(max_new=p.max_pending, max_live=max(64, 8 * p.max_requests))
         self.stopping.clear()
         self.verify_worker = threading.Thread(target=self.verify_loop, args=(self.inbox,), daemon=True,
@@ -107,7 +116,21 @@ class VerifierNode(ManagedNode):
         self.verify_worker.start()
         draft, verify = self.resolve_topic_name("draft"), self.resolve_topic_name("verify")
         return (f"verifying {draft} -> {verify} with exits at layers {list(self.verifier.exit_layers)} "
-                f"of {len(target.layer_ids)}")
+                f"of {len(target.layer_ids)}" + (f"; tasks: {', '.join(tasks)}" if tasks else ""))
+
+    def tasks(self, target) -> dict:
+        """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
+        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
+        from edge_llm_ros.core.nav.vlm import NavAdapter
+
+        name = self.params.nav_adapter
+        if not name:
+            return {}
+        try:
+            adapter = NavAdapter.load(None if name == "shipped" else name, target)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"parameter 'nav_adapter': {exc}") from None
+        return {NAV_TASK: nav_task(adapter, target)}
 
     def unload(self) -> None:
         """Stop the verify thread (the draft being verified finishes first) and drop the model."""

@@ -49,6 +49,25 @@ def test_the_masks_follow_the_automaton(grammar, tokenizer):
     assert not allowed[tokenizer.encode(" C", add_special_tokens=False)[0]]
 
 
+def test_every_reachable_states_mask_is_what_walking_each_token_gives(tokenizer, models):
+    """The masks are made for all candidates at once (a transition table); each equals the plain
+    definition: a token is allowed iff its whole text walks from the state (EOS alone once the
+    sentence is complete). warm() makes every reachable state's mask; a continuing grammar shares
+    the table."""
+    grammar = TokenGrammar.for_tokenizer(ANSWER, tokenizer, models[0].vocab_size, [tokenizer.eos_token_id])
+    assert grammar.warm() == len(grammar._masks) > 150  # prefix, reason lengths, action prefixes
+    for state, mask in list(grammar._masks.items())[::6]:
+        want = torch.zeros(grammar.vocab_size, dtype=torch.bool)
+        if ANSWER.accepting(state):
+            want[grammar.eos_ids] = True
+        else:
+            for i in grammar.candidates:
+                want[i] = grammar.walk(state, grammar.texts[i]) is not None
+        assert torch.equal(mask, want), state
+    later = grammar.continuing("reason: a chair")
+    assert later._walker is grammar._walker and torch.equal(later.allowed([]), grammar.mask(("reason", 7)))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_mode_gives_the_constrained_targets_greedy_answer(models, grammar, tokenizer, seed):
     target, draft = models

@@ -6,8 +6,7 @@ state), and malformed frames are refused naming the field."""
 import numpy as np
 import pytest
 
-from edge_llm_ros.core import GenerationConfig, tiny_llama
-from edge_llm_ros.core.models import load_tokenizer
+from edge_llm_ros.core import GenerationConfig
 from edge_llm_ros.core.nav.actions import ANSWER
 from edge_llm_ros.core.nav.camera import Camera
 from edge_llm_ros.core.nav.frames import FrameError, from_compressed, from_raw
@@ -18,11 +17,8 @@ from edge_llm_ros.core.nav.worldgen import generate
 
 
 @pytest.fixture(scope="module")
-def vlm():
-    tokenizer = load_tokenizer()
-    target = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, max_context=256, seed=5)
-    draft = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, max_context=256, seed=6)
-    target.tokenizer = draft.tokenizer = tokenizer
+def vlm(tiny_lms):
+    target, draft = tiny_lms
     adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32})).eval()
     return adapter, target, draft
 

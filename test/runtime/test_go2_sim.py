@@ -5,9 +5,13 @@ install) starts sim_node (the evaluation world of seed 100, never trained on), n
 "go to the red chair" published from the backend's CLI starts an episode: every NavAction is valid
 and in the grammar, and the bridge moves the simulated Go2. On the embedded runtime the navigator
 stops it within reach of the red chair (0.5 m body to body, nothing touched); under rclpy the
-episode ends after ROS2_ACTIONS actions. Either way the episode's summary (actions, waiting time,
-first motion) is published, and a malformed frame makes the navigator stop the robot with a
-logged error naming the field."""
+episode ends after ROS2_ACTIONS actions, with `deployment:=edge_cloud` (verifier_node serves
+SmolLM2 + the adapter as task nav, the navigator keeps the draft, over the emulated 50 ms RTT
+link). Either way the episode's summary (actions, waiting time, first motion) is published, and a
+malformed frame makes the navigator stop the robot with a logged error naming the field.
+
+On the embedded runtime an edge-cloud navigator also runs alone (a stop naming the missing
+verifier), then with a verifier_node started beside it (the one-device answer)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -54,11 +59,11 @@ class Recorder:
             return next(m for m in self.items[since:] if predicate(m))
 
 
-def start_launch(host, router_endpoint: str, max_actions: int) -> Proc:
+def start_launch(host, router_endpoint: str, max_actions: int, *extra: str) -> Proc:
     """The go2_sim launch on the host's backend: `edge-llm-ros launch go2_sim` on the embedded
     runtime; `ros2 launch edge_llm_ros go2_sim.launch.py` under rclpy, the nodes from the colcon
     install (as test_ros2's launches), on the host's ROS domain."""
-    args = [f"max_actions:={max_actions}", "world:=seeded", f"seed:={SEED}"]
+    args = [f"max_actions:={max_actions}", "world:=seeded", f"seed:={SEED}", *extra]
     if host.backend == "rclpy":
         env = {**os.environ, **host.child_env, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -91,7 +96,8 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
     host = host_for(request, backend)
     world = generate(SEED, GenerateConfig(clear_path=True))
     max_actions = ROS2_ACTIONS if backend == "rclpy" else MAX_ACTIONS
-    launch = start_launch(host, router_endpoint, max_actions)
+    extra = ["deployment:=edge_cloud"] if backend == "rclpy" else []  # the rclpy leg: the verifier too
+    launch = start_launch(host, router_endpoint, max_actions, *extra)
     probe = host.Node("go2_probe")
     try:
         actions = Recorder(probe, host.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
@@ -101,6 +107,9 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
         image = probe.create_publisher(Image, "/camera/image_raw", 10)
         launch.wait_for_line("active: navigating with SmolLM2", 180)
         wait_until(lambda: probe.count_subscribers("/edge_llm/instruction") >= 1, 60, "the navigator's instruction")
+        if extra:
+            launch.wait_for_line("tasks: nav", 180)
+            wait_until(lambda: probe.count_subscribers("/edge_llm/draft") >= 1, 60, "the verifier on /edge_llm/draft")
         start = odom.wait(lambda m: True, 30, "odometry").pose.pose.position
         publish_instruction(host)
         summary = json.loads(episode.wait(lambda m: json.loads(m.data)["instruction"] == INSTRUCTION,
@@ -141,6 +150,7 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
                      "the stop after a malformed frame")
         if backend == "rclpy":
             launch.wait_for_line("[edge_llm.navigator]: runtime: rclpy", 5)
+            Path("/tmp/go2rclpy.txt").write_text(launch.output)
             assert "past max_frame_age_s" not in launch.output, launch.output[-3000:]  # decisions in time
     finally:
         probe.destroy_node()
@@ -156,3 +166,66 @@ def stop(launch: Proc) -> None:
         except subprocess.TimeoutExpired:
             pass
     launch.stop()
+
+
+
+def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(router_endpoint, rt_session):
+    """navigator_node (deployment edge_cloud) on the embedded runtime, first alone: the decision
+    ends within seconds (nothing subscribes to its draft topic) and the robot gets a stop naming
+    the missing verifier. Then verifier_node (nav_adapter shipped, the emulated link of
+    go2_sim.yaml) starts: the next instruction is decided through it, and the answer is the one
+    SmolLM2 + the adapter gives on one device for the same frame (lossless through processes)."""
+    from array import array
+
+    from edge_llm_ros import runtime as rt
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.nav.camera import Camera
+    from edge_llm_ros.core.nav.navigator import Navigator
+    from edge_llm_ros.core.nav.vlm import NavAdapter
+    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+
+    params = str(REPO / "config" / "go2_sim.yaml")
+    navigator = Proc([sys.executable, "-m", "edge_llm_ros.nodes.navigator_node", "--ros-args", "--params-file", params,
+                      "-p", "deployment:=edge_cloud", "-p", "overlap:=false"])
+    verifier = None
+    probe = rt_session.Node("go2_edge_probe")
+    try:
+        actions = Recorder(probe, rt.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
+        Image, String = rt.message("sensor_msgs/msg/Image"), rt.message("std_msgs/msg/String")
+        camera = probe.create_publisher(Image, "/camera/image_raw", 10)
+        instruction = probe.create_publisher(String, "/edge_llm/instruction", 10)
+        world = generate(SEED, GenerateConfig(clear_path=True))
+        frame = Camera().render(world, world.start)
+        navigator.wait_for_line("active: navigating with SmolLM2", 180)
+        wait_until(lambda: probe.count_subscribers("/edge_llm/instruction") >= 1, 60, "the navigator")
+
+        def frame_now():
+            msg = Image(encoding="rgb8", width=frame.shape[1], height=frame.shape[0], step=frame.shape[1] * 3,
+                        data=array("B", frame.tobytes()))
+            msg.header.stamp = probe.get_clock().now().to_msg()
+            camera.publish(msg)
+
+        def decide(found, what: str):
+            before = len(actions.items)
+            instruction.publish(String(data=INSTRUCTION))
+            wait_until(lambda: frame_now() or any(found(a) for a in actions.items[before:]), 60, what, interval=0.2)
+            return next(a for a in actions.items[before:] if found(a))
+
+        stop_ = decide(lambda a: "verifier gone" in a.error, "a stop naming the missing verifier")
+        assert stop_.action == "stop" and not stop_.valid and "/edge_llm/draft" in stop_.error, stop_
+        assert navigator.popen.poll() is None  # the node goes on
+
+        verifier = Proc([sys.executable, "-m", "edge_llm_ros.nodes.verifier_node", "--ros-args", "--params-file",
+                         params, "-r", "__ns:=/edge_llm"])
+        verifier.wait_for_line("tasks: nav", 180)
+        wait_until(lambda: probe.count_subscribers("/edge_llm/draft") >= 1, 60, "the verifier on /edge_llm/draft")
+        decided = decide(lambda a: bool(a.raw_text), "a decision through the verifier")
+        target = load_model()
+        want = Navigator(NavAdapter.load(None, target), target).decide(frame, INSTRUCTION)
+        assert decided.valid and decided.raw_text == want.text, (decided, want.text, verifier.output[-2000:])
+        assert decided.confidence == pytest.approx(want.confidence, rel=1e-3)
+    finally:
+        probe.destroy_node()
+        navigator.stop()
+        if verifier is not None:
+            verifier.stop()

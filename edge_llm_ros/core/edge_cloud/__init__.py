@@ -29,7 +29,7 @@ drafter side), ``local`` (both halves in one process), ``sim`` (both halves with
 """
 
 from .inbox import DraftInbox
-from .local import Deliver, EdgeCloudResult, Link, direct_link, run_edge_cloud, stream_edge_cloud
+from .local import Deliver, EdgeCloudResult, Link, direct_link, edge_cloud_rounds, run_edge_cloud, stream_edge_cloud
 from .predraft import CacheKey, PreDraft, PreDraftCache
 from .records import (
     MAX_REQUEST_ID,
@@ -45,12 +45,12 @@ from .records import (
 )
 from .robot import EDGE_MODES, EarlyExitDrafter, EdgeCloudStats, FinalStep, robot_rounds
 from .send_queue import OutcomeSendQueue
-from .server import EarlyExitVerifier, VerifierStats
+from .server import EarlyExitVerifier, VerifierStats, VerifierTask
 from .speedup import projected_speedup
 
 __all__ = [
     "CacheKey", "Deliver", "DraftInbox", "DraftError", "DraftRejectedError", "DraftRequest", "EDGE_MODES", "EarlyExitDrafter",
     "EarlyExitVerifier", "EdgeCloudResult", "EdgeCloudStats", "FinalStep", "Link", "MAX_REQUEST_ID", "MAX_TOPK", "PROPOSAL_TOP_K", "OutcomeSendQueue",
     "PreDraft", "PreDraftCache", "ROW_SUM_TOLERANCE", "RequestLimitError", "SpeculationMissed", "VerifierStats",
-    "VerifyOutcome", "direct_link", "projected_speedup", "robot_rounds", "run_edge_cloud", "stream_edge_cloud",
+    "VerifierTask", "VerifyOutcome", "direct_link", "edge_cloud_rounds", "projected_speedup", "robot_rounds", "run_edge_cloud", "stream_edge_cloud",
 ]

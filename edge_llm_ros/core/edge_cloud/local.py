@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import GenerationConfig
 from .records import DraftRequest, SpeculationMissed, VerifyOutcome
-from .robot import EarlyExitDrafter, EdgeCloudStats, robot_rounds
+from .robot import EarlyExitDrafter, EdgeCloudStats, FinalStep, robot_rounds
 from .server import EarlyExitVerifier
 
 Deliver = Callable[[VerifyOutcome], None]
@@ -34,6 +34,21 @@ def stream_edge_cloud(
     drafter: EarlyExitDrafter,
     prompt_ids: Sequence[int],
     config: GenerationConfig,
+    **kwargs,
+) -> Iterator[int]:
+    """Stream one request through both halves: the robot drafts, the server verifies and streams
+    outcomes through ``link`` (early and final) to the robot's receiver, which pre-drafts from
+    early ones; each final outcome yields its tokens and releases the next draft. Keywords: those
+    of :func:`edge_cloud_rounds`."""
+    for step, _final in edge_cloud_rounds(verifier, drafter, prompt_ids, config, **kwargs):
+        yield from step.tokens
+
+
+def edge_cloud_rounds(
+    verifier: EarlyExitVerifier,
+    drafter: EarlyExitDrafter,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
     *,
     request_id: str = "ee-0",
     link: Link = direct_link,
@@ -41,13 +56,12 @@ def stream_edge_cloud(
     stats_out: list | None = None,
     early_exits: bool = True,
     send_ahead: bool = False,
-) -> Iterator[int]:
-    """Stream one request through both halves: the robot drafts, the server verifies and streams
-    outcomes through ``link`` (early and final) to the robot's receiver, which pre-drafts from
-    early ones; each final outcome yields its tokens and releases the next draft.
-    ``stats_out`` (a list) receives the request's EdgeCloudStats when the stream ends.
-    ``early_exits`` / ``send_ahead``: as :meth:`EarlyExitDrafter.start` (``config.mode`` ``ar``:
-    cloud decoding); drafts sent ahead go up the same in-order uplink."""
+    **start,
+) -> Iterator[tuple[FinalStep, VerifyOutcome]]:
+    """:func:`robot_rounds` of one request with the verifier in this process: (step, its final
+    outcome) per round. ``stats_out`` (a list) receives the request's EdgeCloudStats when it ends.
+    ``early_exits`` / ``send_ahead`` / ``start``: as :meth:`EarlyExitDrafter.start` (``config.mode``
+    ``ar``: cloud decoding); drafts sent ahead go up the same in-order uplink."""
     inbox: queue.Queue = queue.Queue()
     to_server: collections.deque[DraftRequest] = collections.deque()  # the uplink, in order
 
@@ -75,9 +89,8 @@ def stream_edge_cloud(
 
     sender, drafter.sender = drafter.sender, to_server.append  # this loop is the uplink while it runs
     try:
-        for step, _final in robot_rounds(drafter, request_id, prompt_ids, config, send=to_server.append,
-                                         await_final=await_final, early_exits=early_exits, send_ahead=send_ahead):
-            yield from step.tokens
+        yield from robot_rounds(drafter, request_id, prompt_ids, config, send=to_server.append,
+                                await_final=await_final, early_exits=early_exits, send_ahead=send_ahead, **start)
     finally:
         stats = drafter.end(request_id)
         drafter.sender = sender

@@ -22,6 +22,8 @@ ROW_SUM_TOLERANCE = 1e-3  # |sum(top-k row) - 1| allowed (float32 rows of a soft
 MAX_TOPK = 4096  # largest proposal support DraftRequest.from_tree will put on the wire
 PROPOSAL_TOP_K = 64  # a sampled draft's proposal support: 64 ids + probs per node (512 B) on the wire
 MAX_REQUEST_ID = 128  # characters; a request id is a key the verifier holds, so it is bounded
+MAX_TASK = 64  # characters of a task name
+MAX_IMAGE_FEATURES = 1 << 16  # values of one round-0 image (the nav adapter sends 8 x 64)
 
 
 class DraftError(ValueError):
@@ -86,6 +88,11 @@ class DraftRequest:
     outcome per round. ``speculative``: sent ahead from an early outcome before the previous
     round's final; verified only if that final commits exactly ``assumed_ids`` (its accepted ids
     and next token), otherwise dropped without an answer.
+
+    ``task`` (round 0): '' is the verifier's plain target; another name is a task the verifier
+    serves with a model and a grammar of its own (:class:`~.server.VerifierTask`; "nav": the
+    navigation VLM, answers constrained to the action grammar), conditioned on the
+    ``image_features`` the round carries (the robot's vision encoder's output, row-major).
     """
 
     request_id: str
@@ -106,6 +113,8 @@ class DraftRequest:
     cloud_tokens: int = 0
     speculative: bool = False
     assumed_ids: list[int] = field(default_factory=list)
+    task: str = ""
+    image_features: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -121,6 +130,9 @@ class DraftRequest:
             setattr(self, name, _ints(name, getattr(self, name)))
         self.draft_probs = [float(p) for p in self.draft_probs]
         self.topk_probs = [float(p) for p in self.topk_probs]
+        self.image_features = [float(v) for v in self.image_features]
+        if not isinstance(self.task, str):
+            raise DraftError("task", f"must be a string, got {self.task!r}")
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
         self.early_exits, self.speculative = bool(self.early_exits), bool(self.speculative)
 
@@ -155,9 +167,23 @@ class DraftRequest:
         if self.cloud_tokens and (n or self.round):
             raise DraftError("cloud_tokens", "a cloud request (cloud_tokens > 0) is round 0 and carries no draft")
         _check_ids("assumed_ids", self.assumed_ids, vocab_size)
+        self._check_task()
         if self.speculative != bool(self.assumed_ids) or (self.speculative and self.round == 0):
             raise DraftError("assumed_ids", "a speculative draft (round > 0) names the tokens it assumes; others none")
         self._check_topk(vocab_size)
+
+    def _check_task(self) -> None:
+        if len(self.task) > MAX_TASK:
+            raise DraftError("task", f"has {len(self.task)} characters, at most {MAX_TASK}")
+        if self.round and (self.task or self.image_features):
+            raise DraftError("task" if self.task else "image_features", "only round 0 names the task and carries "
+                             "the image (the verifier keeps them for the request)")
+        if len(self.image_features) > MAX_IMAGE_FEATURES:
+            raise DraftError("image_features", f"has {len(self.image_features)} values, at most {MAX_IMAGE_FEATURES}")
+        if not all(math.isfinite(v) for v in self.image_features):
+            raise DraftError("image_features", "must be finite numbers")
+        if self.image_features and not self.task:
+            raise DraftError("image_features", "an image needs a task that reads it (task is empty)")
 
     def _check_topk(self, vocab_size: int) -> None:
         n, k = len(self.token_ids), self.topk

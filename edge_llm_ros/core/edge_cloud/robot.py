@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig, mean_tau
+from ..constraint import TokenGrammar
 from ..decoding import StopStrings, eos_ids, finish_reason
 from ..drafters import Drafter, TreeSpec
 from ..sampling import Sampler
@@ -86,8 +87,12 @@ class _Robot:
     eos: tuple[int, ...]
     stops: StopStrings
     sampler: Sampler
+    cache: PreDraftCache  # the drafter's shared cache, or the request's own (a drafter of its own)
     early_exits: bool = True
     send_ahead: bool = False
+    grammar: TokenGrammar | None = None
+    task: str = ""
+    image_features: list[float] = field(default_factory=list)
     round: int = 0  # the round of the draft in flight
     tree: TokenTree | None = None  # the draft in flight
     exits_seen: set[int] = field(default_factory=set)
@@ -107,7 +112,10 @@ class _Robot:
         """This round's draft budget for ``context`` (a function of the context alone, so a
         pre-draft and a draft made now from the same context have the same shape)."""
         room = min(self.limit - (len(context) - self.prompt_len), self.window - len(context))
-        return self.spec.capped(room) if self.spec is not None else None
+        if self.spec is None:
+            return None
+        allowed = self.grammar.bind(context[self.prompt_len:]) if self.grammar is not None else None
+        return self.spec.capped(room).constrained(allowed)
 
     def extend(self, context: list[int], new_tokens: list[int]) -> tuple[list[int], list[int], str]:
         """(context after committing ``new_tokens``, the tokens kept, finish reason) — cut at EOS,
@@ -188,9 +196,16 @@ class EarlyExitDrafter:
     # -- requests ---------------------------------------------------------------------------------
 
     def start(self, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig, *,
-              early_exits: bool = True, send_ahead: bool = False) -> DraftRequest:
+              early_exits: bool = True, send_ahead: bool = False, own_drafter: Drafter | None = None,
+              grammar: TokenGrammar | None = None, task: str = "",
+              image_features: Sequence[float] = ()) -> DraftRequest:
         """Register a request and draft round 0 (on the caller's thread): the DraftRequest to send.
-        ``early_exits`` false: plain edge-cloud SD (the verifier sends finals only)."""
+        ``early_exits`` false: plain edge-cloud SD (the verifier sends finals only).
+
+        ``own_drafter``: this request's drafter (e.g. conditioned on its image), with a pre-draft worker of
+        its own; else the shared ones. ``grammar`` masks every draft (the verifier's ``task`` is
+        constrained to the same grammar); ``task`` and ``image_features`` go up with round 0
+        (DraftRequest.task)."""
         if config.mode not in ("ar", "sd", "tree", "llmcad"):
             raise ValueError(f"edge-cloud decoding needs mode ar, sd, tree or llmcad, got {config.mode!r}")
         cloud = config.mode == "ar"
@@ -200,7 +215,8 @@ class EarlyExitDrafter:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
-        vocab = getattr(self.drafters[0], "vocab_size", None)
+        drafters = [own_drafter] if own_drafter is not None else self.drafters
+        vocab = getattr(drafters[0], "vocab_size", None)
         if vocab is not None and (min(prompt) < 0 or max(prompt) >= vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         with self._lock:
@@ -209,21 +225,23 @@ class EarlyExitDrafter:
             if len(self._requests) >= self.max_requests:
                 raise RequestLimitError(f"drafting {len(self._requests)} requests (max_requests="
                                         f"{self.max_requests}); end one with end(request_id)")
-            window = min(getattr(d, "max_context", None) or 1 << 30 for d in self.drafters)
+            window = min(getattr(d, "max_context", None) or 1 << 30 for d in drafters)
             if len(prompt) >= window:
                 raise ValueError(f"prompt has {len(prompt)} tokens but the context window is {window}")
-            tokenizer = getattr(self.drafters[0], "tokenizer", None)
+            tokenizer = getattr(drafters[0], "tokenizer", None)
             if config.stop_strings and tokenizer is None:
                 raise ValueError("stop_strings need a tokenizer on the drafter")
-            eos = eos_ids(self.drafters[0], config)
+            eos = eos_ids(drafters[0], config)
+            cache = self.cache if own_drafter is None else PreDraftCache([own_drafter], self.cache.seed, 1)
             state = _Robot(config, config.tree_spec(), len(prompt), prompt, min(config.max_new_tokens,
                            window - len(prompt)), window, eos, StopStrings(tokenizer, config.stop_strings),
-                           self._proposal_sampler(config), early_exits, send_ahead)
+                           self._proposal_sampler(config), cache, early_exits, send_ahead, grammar, task,
+                           [float(v) for v in image_features])
             self._requests[request_id] = state
             if cloud:
                 return self._send(request_id, state, TokenTree.from_root(prompt[-1]), context_ids=prompt,
                                   cloud_tokens=state.limit)
-            tree, seconds = self.cache.draft_now(prompt, state.spec_for(prompt), state.sampler)
+            tree, seconds = state.cache.draft_now(prompt, state.spec_for(prompt), state.sampler)
             state.stats.critical_draft_s += seconds
             return self._send(request_id, state, tree, context_ids=prompt)
 
@@ -241,9 +259,13 @@ class EarlyExitDrafter:
         with self._lock:
             state = self._requests.pop(request_id, None)
             self.cache.discard(request_id)
-            return None if state is None else state.stats
+        if state is not None and state.cache is not self.cache:
+            state.cache.close()  # outside the lock: its worker may be sending a draft ahead
+        return None if state is None else state.stats
 
     def close(self) -> None:
+        for request_id in list(self._requests):
+            self.end(request_id)
         self.cache.close()
 
     # -- outcomes ---------------------------------------------------------------------------------
@@ -280,7 +302,7 @@ class EarlyExitDrafter:
             if reason or len(kept) < len(outcome.new_tokens):
                 return True  # this hypothesis ends the request: nothing to pre-draft
             key = (outcome.request_id, outcome.round, tuple(context))
-            if not self.cache.schedule(key, state.spec_for(context), state.sampler, outcome.confidence,
+            if not state.cache.schedule(key, state.spec_for(context), state.sampler, outcome.confidence,
                                        outcome.exit_layer, self._send_ahead if state.send_ahead else None):
                 stats.ignored["duplicate"] += 1  # an earlier exit already hypothesised this context
                 return False
@@ -315,7 +337,7 @@ class EarlyExitDrafter:
                 reason = "length"
             if reason:
                 stats.finish_reason = reason
-                self._count_unused(stats, *self.cache.discard(rid))
+                self._count_unused(stats, *state.cache.discard(rid))
                 state.tree = None
                 return FinalStep(outcome.round, kept, None, None, reason)
             if state.cloud:  # the verifier goes on by itself
@@ -323,7 +345,7 @@ class EarlyExitDrafter:
                 state.tree = TokenTree.from_root(state.context[-1])
                 return FinalStep(outcome.round, kept, None, None)
             if ahead is not None:  # hit, and the verifier already has the draft
-                self._count_unused(stats, *self.cache.discard(rid, outcome.round))
+                self._count_unused(stats, *state.cache.discard(rid, outcome.round))
                 self._hit(stats, ahead)
                 stats.sent_ahead += 1
                 state.round += 1
@@ -331,14 +353,14 @@ class EarlyExitDrafter:
                 for early in early_next:
                     self.on_early(early)
                 return FinalStep(outcome.round, kept, None, True)
-            pre = self.cache.take((rid, outcome.round, tuple(state.context)))
-            self._count_unused(stats, *self.cache.discard(rid, outcome.round))
+            pre = state.cache.take((rid, outcome.round, tuple(state.context)))
+            self._count_unused(stats, *state.cache.discard(rid, outcome.round))
             if pre is not None:  # hit
                 self._hit(stats, pre)
                 tree = pre.tree
             else:  # miss (plain SD has no pre-draft cache: nothing to count)
                 stats.misses += state.early_exits
-                tree, seconds = self.cache.draft_now(state.context, state.spec_for(state.context), state.sampler)
+                tree, seconds = state.cache.draft_now(state.context, state.spec_for(state.context), state.sampler)
                 stats.critical_draft_s += seconds
             state.round += 1
             return FinalStep(outcome.round, kept, self._send(rid, state, tree), pre is not None)
@@ -348,9 +370,9 @@ class EarlyExitDrafter:
         rid, round_, context = key
         with self._lock:
             state = self._requests.get(rid)
-            if state is None or state.round != round_ or state.tree is None or key not in self.cache:
+            if state is None or state.round != round_ or state.tree is None or key not in state.cache:
                 return
-            pre = self.cache.take(key)  # drafted: returns at once
+            pre = state.cache.take(key)  # drafted: returns at once
             state.ahead[context] = pre
             assumed = list(context[len(state.context):])
             draft = DraftRequest.from_tree(rid, round_ + 1, pre.tree, len(context), (), state.config)
@@ -374,7 +396,8 @@ class EarlyExitDrafter:
               cloud_tokens: int = 0) -> DraftRequest:
         state.tree, state.exits_seen = tree, set()
         draft = DraftRequest.from_tree(request_id, state.round, tree, len(state.context), context_ids, state.config)
-        return dataclasses.replace(draft, early_exits=state.early_exits, cloud_tokens=cloud_tokens)
+        first = {"task": state.task, "image_features": state.image_features} if state.round == 0 else {}
+        return dataclasses.replace(draft, early_exits=state.early_exits, cloud_tokens=cloud_tokens, **first)
 
     @staticmethod
     def _hit(stats: EdgeCloudStats, pre: PreDraft) -> None:
@@ -404,13 +427,15 @@ def _valid_path(tree: TokenTree | None, outcome: VerifyOutcome) -> bool:
 
 def robot_rounds(drafter: EarlyExitDrafter, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig,
                  *, send: Callable[[DraftRequest], None], await_final: Callable[[], VerifyOutcome],
-                 early_exits: bool = True, send_ahead: bool = False) -> Iterator[tuple[FinalStep, VerifyOutcome]]:
+                 early_exits: bool = True, send_ahead: bool = False,
+                 **start) -> Iterator[tuple[FinalStep, VerifyOutcome]]:
     """The robot's side of one request (EE Algorithm 1), whatever carries the messages: start it,
     ``send`` each round's draft, take finals from ``await_final()`` (which returns the next one, or
     raises when none comes) until one commits this round, and yield (step, its final outcome) for
     each round until one finishes. Stale and duplicated finals are ignored (the drafter returns no
-    step for them). The caller ends the request (``drafter.end``) when it is done with it."""
-    draft = drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead)
+    step for them). The caller ends the request (``drafter.end``) when it is done with it.
+    ``start``: the rest of :meth:`EarlyExitDrafter.start`'s keywords (own_drafter, grammar, task, image_features)."""
+    draft = drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead, **start)
     while True:
         if draft is not None:
             send(draft)

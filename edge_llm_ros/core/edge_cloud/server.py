@@ -3,6 +3,8 @@
 Contract: :class:`EarlyExitVerifier` takes DraftRequests and yields VerifyOutcomes (early ones as
 each exit is reached, the final one last); it holds at most ``max_requests`` requests and never
 evicts one to make room: a newcomer beyond that is refused as busy (:class:`RequestLimitError`).
+A request of a :class:`VerifierTask` (DraftRequest.task) is verified with that task's model,
+conditioned on the image its round 0 carries, and constrained to the task's grammar.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding import prefill
+from ..constraint import TokenGrammar, constrain
+from ..decoding import prefill, tree_allowed
 from ..exits import ExitSet
 from ..kv_cache import KVCache
 from ..models import TorchCausalLM, causal_mask
@@ -46,10 +49,31 @@ class VerifierStats:
         return out
 
 
+@dataclass(frozen=True)
+class VerifierTask:
+    """A kind of request the verifier serves with a model of its own (DraftRequest.task names it).
+
+    ``model``: a view of the verifier's target (the same layers; e.g. an adapter's LoRA merged and
+    a vocabulary view). ``grammar``: constrains every row verified, at exits too (None: free
+    text); the robot masks its draft alike, so the output is the constrained model's.
+    ``condition(model, image_features)``: the request's view, conditioned on the image its round 0
+    carries; raises ValueError for features it cannot read (None: the task reads no image).
+    ``example``: a round 0 of the task that :meth:`EarlyExitVerifier.warm_up` verifies once, so
+    that torch's slow first passes through the task's model are not a robot's first request."""
+
+    model: TorchCausalLM
+    grammar: TokenGrammar | None = None
+    condition: Callable[[TorchCausalLM, list[float]], TorchCausalLM] | None = None
+    example: DraftRequest | None = None
+
+
 @dataclass
 class _ServedRequest:
     tokens: list[int]  # committed tokens; all but the last (the next root) are in the cache
     cache: KVCache
+    model: TorchCausalLM  # the target, or its task's view conditioned on the request's image
+    prompt_len: int = 0
+    grammar: TokenGrammar | None = None
     round: int = 0  # the round expected next
     generator: torch.Generator | None = None  # sampled verification, seeded by the first sampled draft
     busy: bool = False
@@ -85,6 +109,8 @@ class EarlyExitVerifier:
     behind other requests' drafts. Speculative drafts that assumed another result raise
     :class:`SpeculationMissed` (drop them; no answer).
 
+    ``tasks``: the named :class:`VerifierTask` s served besides the plain target (task '').
+
     One verify stream at a time per verifier (the target is shared): the node serialises calls.
     """
 
@@ -97,6 +123,7 @@ class EarlyExitVerifier:
         min_confidence: float = 0.0,
         max_requests: int = 8,
         eos_ids: Sequence[int] = (),
+        tasks: Mapping[str, VerifierTask] | None = None,
     ) -> None:
         if not hasattr(target, "decoder_layer"):
             raise ValueError(f"early exits need a torch target whose layers we drive; got {type(target).__name__}")
@@ -117,6 +144,11 @@ class EarlyExitVerifier:
         self.min_confidence, self.max_requests = min_confidence, max_requests
         self.final_layer = last
         self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.tasks = dict(tasks or {})
+        for name, task in self.tasks.items():
+            if not name or task.model.layer_ids != target.layer_ids:
+                raise ValueError(f"task {name!r}: a task has a name and a view of the target's layers "
+                                 f"{list(target.layer_ids)}")
         self.stats = VerifierStats()
         self._requests: dict[str, _ServedRequest] = {}
 
@@ -126,8 +158,10 @@ class EarlyExitVerifier:
     def requests(self) -> list[str]:
         return list(self._requests)
 
-    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        """Prefill the prompt (all but its last token, the first round's root) into a new cache."""
+    def start(self, request_id: str, prompt_ids: Sequence[int], task: str = "",
+              image_features: Sequence[float] = ()) -> None:
+        """Prefill the prompt (all but its last token, the first round's root) into a new cache,
+        with ``task``'s model conditioned on ``image_features`` (DraftError naming the field)."""
         if not isinstance(request_id, str) or not request_id:
             raise DraftError("request_id", f"must be a non-empty string, got {request_id!r}")
         if request_id in self._requests:
@@ -142,10 +176,44 @@ class EarlyExitVerifier:
         if len(self._requests) >= self.max_requests:
             raise RequestLimitError(f"busy: the verifier is serving {len(self._requests)} of max_requests="
                                     f"{self.max_requests} requests; retry when one ends")
-        cache = self.target.new_cache(len(prompt) + 64)
+        model, grammar = self._model(task, image_features)
+        cache = model.new_cache(len(prompt) + 64)
         with torch.inference_mode():
-            prefill(self.target, cache, prompt)
-        self._requests[request_id] = _ServedRequest(prompt, cache)
+            prefill(model, cache, prompt)
+        self._requests[request_id] = _ServedRequest(prompt, cache, model, len(prompt), grammar)
+
+    def _model(self, name: str, image_features: Sequence[float]) -> tuple[TorchCausalLM, TokenGrammar | None]:
+        if not name:
+            if image_features:
+                raise DraftError("image_features", "an image needs a task that reads it (task is empty)")
+            return self.target, None
+        task = self.tasks.get(name)
+        if task is None:
+            served = ", ".join(repr(t) for t in self.tasks) or "none"
+            raise DraftError("task", f"this verifier serves no task {name!r} (tasks: {served})")
+        if task.condition is None:
+            if image_features:
+                raise DraftError("image_features", f"task {name!r} reads no image")
+            return task.model, task.grammar
+        if not image_features:
+            raise DraftError("image_features", f"task {name!r} needs the frame's image features in round 0")
+        try:
+            return task.condition(task.model, list(image_features)), task.grammar
+        except ValueError as exc:
+            raise DraftError("image_features", str(exc)) from None
+
+    def warm_up(self) -> float:
+        """Make each task's grammar masks and verify its example round once (then forget it): the
+        seconds it took."""
+        start = time.perf_counter()
+        for name, task in self.tasks.items():
+            if task.grammar is not None:
+                task.grammar.warm()
+            if task.example is not None:
+                request_id = f"warm-up-{name}"
+                self.verify_all(dataclasses.replace(task.example, request_id=request_id))
+                self.end(request_id)
+        return time.perf_counter() - start
 
     def end(self, request_id: str) -> bool:
         """Forget a request and free its cache; False if it was not active."""
@@ -174,7 +242,7 @@ class EarlyExitVerifier:
         if state.tokens[-1] in self.eos_ids or len(state.tokens) >= self.target.max_context:
             return None
         return dataclasses.replace(state.cloud, round=state.round, context_ids=[], prefix_len=len(state.tokens),
-                                   cloud_tokens=0)
+                                   cloud_tokens=0, task="", image_features=[])
 
     # -- verification -----------------------------------------------------------------------------
 
@@ -209,6 +277,8 @@ class EarlyExitVerifier:
         elif draft.round != state.round:
             when = "stale" if draft.round < state.round else "ahead of the verifier"
             raise DraftError("round", f"round {draft.round} of request {rid!r} is {when}; expected {state.round}")
+        elif draft.round == 0 and (draft.task or draft.image_features):
+            raise DraftError("task", f"request {rid!r} was started with start(), which set its task")
         elif draft.round == 0:  # started with start(): round 0 may repeat the prompt or leave it out
             if draft.context_ids not in ([], state.tokens):
                 raise DraftError("context_ids", f"round 0 of request {rid!r} carries another prompt than the one "
@@ -224,7 +294,7 @@ class EarlyExitVerifier:
             raise DraftError("token_ids", f"a tree of depth {depth} after {committed} tokens passes the context "
                              f"window {self.target.max_context}")
         if state is None:
-            self.start(rid, draft.context_ids)
+            self.start(rid, draft.context_ids, draft.task, draft.image_features)
             state = self._requests[rid]
             if draft.cloud_tokens:
                 state.cloud, state.cloud_left = draft, draft.cloud_tokens
@@ -242,13 +312,16 @@ class EarlyExitVerifier:
         start, paused = time.perf_counter(), 0.0  # paused: time the consumer spent per early outcome
         cache = state.cache
         hidden, rope, mask, rows = self._tree_rows(state, tree, pending)
+        allowed = None
+        if state.grammar is not None:  # each tree row's allowed tokens after the committed answer and its path
+            allowed = tree_allowed(tree, state.grammar.bind(state.tokens[state.prompt_len:] + pending))
         hypotheses: dict[int, tuple] = {}
         sent: set[tuple] = set()
         exits = self.exit_layers if draft.early_exits else ()
         for layer in cache.layers:
-            hidden = self._layer(layer, hidden, rope, mask, cache)
+            hidden = self._layer(state.model, layer, hidden, rope, mask, cache)
             if layer in exits:
-                outcome = self._exit_outcome(draft, tree, layer, hidden[0, rows:])
+                outcome = self._exit_outcome(state.model, draft, tree, layer, hidden[0, rows:], allowed)
                 hypotheses[layer] = outcome.hypothesis
                 if outcome.hypothesis in sent or outcome.confidence < self.min_confidence:
                     self.stats.suppressed[layer] += 1
@@ -258,7 +331,7 @@ class EarlyExitVerifier:
                 before = time.perf_counter()
                 yield outcome  # the node sends it while the remaining layers run
                 paused += time.perf_counter() - before
-        final = self._final_outcome(draft, tree, hidden[0, rows:])
+        final = self._final_outcome(state.model, draft, tree, hidden[0, rows:], allowed)
         self._commit(state, tree, pending, final)
         final.verify_time_s = time.perf_counter() - start - paused
         self._record(hypotheses, final, final.verify_time_s)
@@ -279,25 +352,33 @@ class EarlyExitVerifier:
         if p + len(tree) > 0:
             mask = causal_mask(length, p + len(tree.tokens))
             mask[p:] = tree.attention_mask(length + p)  # [T, length + p + T]
-        hidden = self.target.embed(torch.tensor([rows + tree.tokens]))  # [1, P + T, E]
-        rope = self.target.rotary_embeddings(hidden, positions.unsqueeze(0))
+        hidden = state.model.embed(torch.tensor([rows + tree.tokens]))  # [1, P + T, E]
+        rope = state.model.rotary_embeddings(hidden, positions.unsqueeze(0))
         mask = None if mask is None else mask.to(hidden.dtype)
         return hidden, rope, mask, p
 
+    @staticmethod
     @torch.inference_mode()
-    def _layer(self, layer: int, hidden: torch.Tensor, rope, mask, cache: KVCache) -> torch.Tensor:
-        return self.target.decoder_layer(layer, hidden, rope, mask, cache)
+    def _layer(model: TorchCausalLM, layer: int, hidden: torch.Tensor, rope, mask, cache: KVCache) -> torch.Tensor:
+        return model.decoder_layer(layer, hidden, rope, mask, cache)
 
     @torch.inference_mode()
-    def _exit_outcome(self, draft: DraftRequest, tree: TokenTree, layer: int, hidden: torch.Tensor) -> VerifyOutcome:
-        """EE Eq. 5: greedy verification of the tree with exit ``layer``'s logits z^(l) = LMHead(a_l(h^(l)))."""
-        logits = self.exits.exit_logits(self.target, layer, hidden, self.vocab_ids)  # [T, V]
+    def _exit_outcome(self, model: TorchCausalLM, draft: DraftRequest, tree: TokenTree, layer: int,
+                      hidden: torch.Tensor, allowed: torch.Tensor | None) -> VerifyOutcome:
+        """EE Eq. 5: greedy verification of the tree with exit ``layer``'s logits z^(l) = LMHead(a_l(h^(l)))
+        (constrained as the final layer's, if the request has a grammar)."""
+        logits = self.exits.exit_logits(model, layer, hidden, self.vocab_ids)  # [T, V]
+        if allowed is not None:
+            logits = constrain(logits, allowed)
         result = verify_greedy(tree, logits)
         return self._outcome(draft, result, logits, layer, final=False)
 
     @torch.inference_mode()
-    def _final_outcome(self, draft: DraftRequest, tree: TokenTree, hidden: torch.Tensor) -> VerifyOutcome:
-        logits = self.target.head(hidden.unsqueeze(0))[0]  # [T, V]
+    def _final_outcome(self, model: TorchCausalLM, draft: DraftRequest, tree: TokenTree, hidden: torch.Tensor,
+                       allowed: torch.Tensor | None) -> VerifyOutcome:
+        logits = model.head(hidden.unsqueeze(0))[0]  # [T, V]
+        if allowed is not None:
+            logits = constrain(logits, allowed)
         sampler = self._sampler(draft)
         result = verify(tree, logits, sampler)
         return self._outcome(draft, result, logits, self.final_layer, final=True, sampler=sampler)

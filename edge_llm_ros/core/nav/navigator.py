@@ -10,6 +10,13 @@ target's answer in every lossless mode. The confidence is the target's probabili
 line's tokens under the same masks, as the engine verified them (no second pass). Knows nothing
 about ROS.
 
+Edge-cloud (:class:`EdgeCloudNavigator`, the robot's half): the robot holds the draft and the
+adapter's encoder, the server the target (:func:`nav_task`: the adapter's target, its image
+projector and the grammar, served by an EarlyExitVerifier as task "nav"). Round 0 carries the
+frame's encoder features (2 kB) with the prompt; the verifier conditions the target on them and
+verifies under the grammar, the robot drafts under it, so the answer is the same constrained
+target's answer as on one device, in every edge mode.
+
 Overlap (no stop-and-go, as in EE's pre-drafting and LiveVLN): the node asks for the next
 decision on the newest frame while the robot still executes the current one; :class:`Waiting`
 accounts the time the robot stood still waiting for the model.
@@ -19,6 +26,8 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,12 +35,43 @@ import numpy as np
 from ..config import GenerationConfig, GenerationStats
 from ..constraint import TokenGrammar
 from ..decoding import generate_all
-from ..drafters import ModelDrafter
+from ..drafters import ModelDrafter, TreeSpec
+from ..edge_cloud import EDGE_MODES, DraftRequest, FinalStep, VerifierTask, VerifyOutcome
 from ..models import TorchCausalLM
+from ..sampling import Sampler
 from .actions import ACTION_PREFIX, ANSWER, Magnitudes, NavCommand, parse_or_stop
 from .vlm import NavAdapter
 
 MAX_ANSWER_TOKENS = 64  # "reason: " + 80 characters + the action line: well inside this
+NAV_TASK = "nav"  # DraftRequest.task of a navigation decision
+
+# rounds(request_id, prompt, config, **start) -> (step, final) per round: an edge-cloud transport
+# (core.edge_cloud.edge_cloud_rounds bound to a verifier, or a node's link); ``start`` as
+# EarlyExitDrafter.start's keywords
+Rounds = Callable[..., Iterator[tuple[FinalStep, VerifyOutcome]]]
+
+
+def answer_grammar(tokenizer, vocab_size: int) -> TokenGrammar:
+    """The action grammar (core/nav/actions.py) over ``tokenizer``'s tokens, ended by its EOS."""
+    return TokenGrammar.for_tokenizer(ANSWER, tokenizer, vocab_size, [tokenizer.eos_token_id])
+
+
+def answer_vocabulary(grammar: TokenGrammar) -> list[int]:
+    """Every token an answer can hold: the grammar's candidates and EOS (the heads score those only)."""
+    return [*grammar.candidates, *grammar.eos_ids]
+
+
+def nav_task(adapter: NavAdapter, target: TorchCausalLM, grammar: TokenGrammar | None = None) -> VerifierTask:
+    """The server's half of an edge-cloud navigator: ``target`` with the adapter (its LoRA merged,
+    scoring the answer's vocabulary), conditioned per request on the image features round 0
+    carries, and constrained to the action grammar."""
+    grammar = grammar or answer_grammar(target.tokenizer, target.vocab_size)
+    model = adapter.attach(target, "target").with_vocabulary(answer_vocabulary(grammar))
+    prompt = adapter.prompt_ids(target.tokenizer, "go to the red chair")
+    blank = adapter.features(np.zeros((adapter.config.height, adapter.config.width, 3), np.uint8))
+    example = DraftRequest("warm-up", 0, prompt, len(prompt), [], [], [], early_exits=False, task=NAV_TASK,
+                           image_features=blank.flatten().tolist())
+    return VerifierTask(model, grammar, lambda lm, features: adapter.condition_on(lm, features, "target"), example)
 
 
 @dataclass
@@ -53,12 +93,16 @@ class Navigator:
 
     def __init__(self, adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausalLM | None = None,
                  config: GenerationConfig | None = None, magnitudes: Magnitudes | None = None) -> None:
-        self.adapter = adapter
-        tokenizer = target.tokenizer
-        self.grammar = TokenGrammar.for_tokenizer(ANSWER, tokenizer, target.vocab_size, [tokenizer.eos_token_id])
+        self._setup(adapter, target, draft, config, magnitudes)
+        self.target = adapter.attach(target, "target").with_vocabulary(answer_vocabulary(self.grammar))
+
+    def _setup(self, adapter: NavAdapter, lm: TorchCausalLM, draft: TorchCausalLM | None,
+               config: GenerationConfig | None, magnitudes: Magnitudes | None) -> None:
+        """What both halves share: the grammar over ``lm``'s tokens, the draft view, the checks."""
+        self.adapter, self.tokenizer = adapter, lm.tokenizer
+        self.grammar = answer_grammar(lm.tokenizer, lm.vocab_size)
         # no token outside the grammar's candidates (and EOS) is ever allowed: the heads score those only
-        vocabulary = [*self.grammar.candidates, *self.grammar.eos_ids]
-        self.target = adapter.attach(target, "target").with_vocabulary(vocabulary)  # the adapter's LoRA merged
+        vocabulary = answer_vocabulary(self.grammar)
         self.draft = None if draft is None else adapter.attach(draft, "draft").with_vocabulary(vocabulary)
         self.config = config or GenerationConfig(mode="ar", max_new_tokens=MAX_ANSWER_TOKENS)
         if self.config.mode != "ar" and draft is None:
@@ -70,22 +114,72 @@ class Navigator:
 
     def prompt(self, instruction: str) -> list[int]:
         if instruction not in self._prompts:
-            self._prompts[instruction] = self.adapter.prompt_ids(self.target.tokenizer, instruction)
+            self._prompts[instruction] = self.adapter.prompt_ids(self.tokenizer, instruction)
         return self._prompts[instruction]
 
     def decide(self, frame: np.ndarray, instruction: str) -> Decision:
         """The answer to one frame (RGB uint8 [H, W, 3])."""
         start = time.perf_counter()
-        prompt = self.prompt(instruction)
+        tokens, stats = self.answer(frame, self.prompt(instruction))
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        command, error = parse_or_stop(text)
+        confidence = action_confidence(tokens, stats.token_probs, self.grammar) if not error else 0.0
+        return Decision(command, text, error, confidence, time.perf_counter() - start, stats)
+
+    def answer(self, frame: np.ndarray, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        """The answer's tokens to ``prompt`` on ``frame``, and how they were made."""
         view = self.adapter.condition(self.target, frame, "target")
         drafter = None
         if self.config.mode != "ar":
             drafter = ModelDrafter(self.adapter.condition(self.draft, frame, "draft"))
         result = generate_all(view, prompt, self.config, drafter, grammar=self.grammar)
-        text = result.text or ""
-        command, error = parse_or_stop(text)
-        confidence = action_confidence(result.tokens, result.stats.token_probs, self.grammar) if not error else 0.0
-        return Decision(command, text, error, confidence, time.perf_counter() - start, result.stats)
+        return result.tokens, result.stats
+
+
+class EdgeCloudNavigator(Navigator):
+    """The robot's half of an edge-cloud navigator (see the module docstring): ``draft`` and the
+    adapter here, the target behind ``rounds``. ``mode``: an edge mode (ar: cloud decoding, sd,
+    tree, fsd, ee: core.edge_cloud.EDGE_MODES); ``config``'s mode follows it."""
+
+    def __init__(self, adapter: NavAdapter, draft: TorchCausalLM, rounds: Rounds, mode: str = "sd",
+                 config: GenerationConfig | None = None, magnitudes: Magnitudes | None = None) -> None:
+        if mode not in EDGE_MODES:
+            raise ValueError(f"edge mode must be one of {' | '.join(EDGE_MODES)}, got {mode!r}")
+        base = config or GenerationConfig(max_new_tokens=MAX_ANSWER_TOKENS)
+        self._setup(adapter, draft, draft, base.with_overrides(mode=EDGE_MODES[mode][0]), magnitudes)
+        self.edge_mode, self.rounds = mode, rounds
+
+    def warm_up(self, frame: np.ndarray, instruction: str) -> float:
+        """Make the grammar's masks and draft once on ``frame`` here (torch's first pass is slow),
+        without the verifier; seconds."""
+        start = time.perf_counter()
+        self.grammar.warm()
+        drafter = ModelDrafter(self.adapter.condition(self.draft, frame, "draft"))
+        spec = TreeSpec.chain(self.config.gamma).constrained(self.grammar.bind([]))
+        drafter.propose(self.prompt(instruction), spec, Sampler(0.0))
+        return time.perf_counter() - start
+
+    def answer(self, frame: np.ndarray, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        start = time.perf_counter()
+        features = self.adapter.features(frame)
+        drafter = None
+        if self.config.mode != "ar":
+            drafter = ModelDrafter(self.adapter.condition_on(self.draft, features, "draft"))
+        _, early_exits, send_ahead = EDGE_MODES[self.edge_mode]
+        stats = GenerationStats(mode=self.edge_mode, prompt_tokens=len(prompt))
+        tokens: list[int] = []
+        for step, final in self.rounds(f"nav-{uuid.uuid4().hex[:12]}", prompt, self.config, early_exits=early_exits,
+                                       send_ahead=send_ahead, own_drafter=drafter, grammar=self.grammar, task=NAV_TASK,
+                                       image_features=features.flatten().tolist()):
+            tokens += step.tokens
+            stats.rounds += 1
+            stats.accepted.append(len(final.accepted_ids))
+            stats.verify_time_s += final.verify_time_s
+            stats.token_probs += final.probs[: len(step.tokens)]
+            stats.ttft_s = stats.ttft_s or time.perf_counter() - start
+            stats.finish_reason = step.finish_reason
+        stats.new_tokens, stats.total_time_s = len(tokens), time.perf_counter() - start
+        return tokens, stats
 
 
 def action_confidence(answer: list[int], probs: list[float], grammar: TokenGrammar) -> float:

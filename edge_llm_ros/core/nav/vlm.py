@@ -190,10 +190,27 @@ class NavAdapter(nn.Module):
         return self.projectors[model](self.encoder(images))
 
     @torch.inference_mode()
+    def features(self, frame: np.ndarray) -> torch.Tensor:
+        """``frame``'s encoder features [8, C], shared by every model's projector: what a robot
+        sends its verifier in place of the frame (2 kB at C = 64)."""
+        return self.encoder(self.preprocess(frame))[0]
+
+    @torch.inference_mode()
     def condition(self, lm: TorchCausalLM, frame: np.ndarray, model: str = "target") -> TorchCausalLM:
         """A view of ``lm`` in which the prompt's reserved ids embed as ``frame``'s rows."""
-        rows = self.rows(self.preprocess(frame), model)[0]  # [8, E]
-        return lm.with_embeddings({i: rows[k] for k, i in enumerate(self.config.reserved_ids)})
+        return self.condition_on(lm, self.features(frame), model)
+
+    @torch.inference_mode()
+    def condition_on(self, lm: TorchCausalLM, features: torch.Tensor, model: str = "target") -> TorchCausalLM:
+        """:meth:`condition` from the frame's :meth:`features` [8, C] (or their 8 * C values, row-major);
+        ValueError naming the expected size if they are not that."""
+        c = self.config
+        features = torch.as_tensor(features, dtype=torch.float32)
+        if features.numel() != c.tokens * c.channels or not bool(torch.isfinite(features).all()):
+            raise ValueError(f"image features must be {c.tokens} x {c.channels} finite values (this adapter's "
+                             f"encoder), got {features.numel()}")
+        rows = self.projectors[model](features.reshape(c.tokens, c.channels))  # [8, E]
+        return lm.with_embeddings({i: rows[k] for k, i in enumerate(c.reserved_ids)})
 
     # -- files ------------------------------------------------------------------------------------
 

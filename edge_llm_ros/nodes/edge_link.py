@@ -1,0 +1,107 @@
+"""The robot's end of the edge-cloud link, for any node that drafts for a verifier_node.
+
+:class:`VerifierLink` publishes DraftTrees on `draft` (shaped: links are emulated in the runtime),
+takes VerifyResults from `verify` (early ones to the robot's EarlyExitDrafter, which pre-drafts
+from them; finals to their request's inbox) and releases a finished request's cache on the
+verifier with a PruneInfo on `prune`. :meth:`VerifierLink.rounds` runs one request's rounds
+(core's robot_rounds) over it. A request never hangs: without a final outcome for `timeout_s`, or
+once no verifier subscribes to `draft` any more, it ends with :class:`VerifierTimeout`.
+
+Used by draft_node (text) and navigator_node (navigation decisions, task "nav").
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes.common import from_message, stamp, to_message
+
+PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
+
+
+class VerifierTimeout(TimeoutError):
+    """No final VerifyResult within timeout_s, or no verifier any more."""
+
+
+class VerifierLink:
+    """See the module docstring. ``drafter``: the node's EarlyExitDrafter (None while unloaded);
+    ``inboxes``: request id -> queue of final outcomes (a stage pipeline's client shares it)."""
+
+    def __init__(self, node, timeout_s: float) -> None:
+        self.node, self.timeout_s = node, timeout_s
+        self.drafter = None
+        self.inboxes: dict[str, queue.Queue] = {}
+        self.DraftTree = rt.message("edge_llm_ros/msg/DraftTree")
+        self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
+        self.draft_pub = rt.shaped(node, node.create_publisher(self.DraftTree, "draft", 100))
+        self.prune_pub = rt.shaped(node, node.create_publisher(self.PruneInfo, "prune", 100))
+        node.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
+
+    def send(self, draft) -> None:
+        """Publish a DraftRequest on `draft` (also the drafter's sender, for drafts sent ahead)."""
+        self.draft_pub.publish(stamp(self.node, to_message(self.DraftTree, draft)))
+
+    def on_verify(self, msg) -> None:
+        """Early outcomes go to the drafter (pre-drafting), finals (and stages' refusals) to their
+        request's inbox."""
+        from edge_llm_ros.core import VerifyOutcome
+
+        outcome = from_message(VerifyOutcome, msg)
+        inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
+        if inbox is None:
+            return  # another robot's request, or one that ended
+        if outcome.final:  # a verifier's final outcome, or a stage's refusal (stage pipeline)
+            inbox.put(outcome)
+        elif drafter is not None:
+            drafter.on_early(outcome)
+
+    def release(self, request_id: str) -> None:
+        """Free the request's cache on the verifier."""
+        self.prune_pub.publish(stamp(self.node, self.PruneInfo(request_id=request_id, release=True)))
+
+    def rounds(self, request_id: str, prompt_ids, config, *, stats_out: list | None = None, **start):
+        """(step, final outcome) per round of one request (core.robot_rounds over this link); the
+        request ends with the generator (the drafter forgets it, the verifier is told to release
+        it; ``stats_out`` gets its EdgeCloudStats). ``start``: EarlyExitDrafter.start's keywords.
+        Raises VerifierTimeout, DraftRejectedError or ValueError."""
+        from edge_llm_ros.core import robot_rounds
+
+        drafter = self.drafter
+        if drafter is None:
+            raise ValueError("not configured: no drafter loaded")
+        inbox: queue.Queue = queue.Queue()
+        self.inboxes[request_id] = inbox
+        committed = [0]
+        try:
+            for step, final in robot_rounds(drafter, request_id, prompt_ids, config, send=self.send,
+                                            await_final=lambda: self.await_final(inbox, committed[0]), **start):
+                committed[0] += len(step.tokens)
+                yield step, final
+        finally:
+            self.inboxes.pop(request_id, None)
+            stats = drafter.end(request_id)
+            if stats_out is not None and stats is not None:
+                stats_out.append(stats)
+            self.release(request_id)
+
+    def await_final(self, inbox: queue.Queue, tokens: int):
+        """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier
+        subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
+        PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
+        timeout_s = self.timeout_s
+        deadline, absent = time.monotonic() + timeout_s, 0
+        draft_topic = self.node.resolve_topic_name("draft")
+        while True:
+            try:
+                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
+            except queue.Empty:
+                pass
+            if time.monotonic() >= deadline:
+                raise VerifierTimeout(f"no final VerifyResult within timeout_s={timeout_s:g} s (after {tokens} "
+                                      f"tokens): is verifier_node running and subscribed to {draft_topic}?")
+            absent = absent + 1 if self.node.count_subscribers("draft") == 0 else 0
+            if absent >= 2:
+                raise VerifierTimeout(f"verifier gone: nothing subscribes to {draft_topic} any more "
+                                      f"(verifier_node died or is restarting; {tokens} token(s) committed)")

@@ -1,0 +1,16 @@
+"""Shared by the navigation tests: tiny random language models on SmolLM2's tokenizer."""
+
+import pytest
+
+from edge_llm_ros.core import tiny_llama
+from edge_llm_ros.core.models import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_lms():
+    """(target, draft): tiny Llamas (2 layers and 1, width 32) that read SmolLM2's tokens."""
+    tokenizer = load_tokenizer()
+    target = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, max_context=256, seed=5)
+    draft = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, max_context=256, seed=6)
+    target.tokenizer = draft.tokenizer = tokenizer
+    return target, draft
