@@ -79,6 +79,9 @@ def _draft_faults(rng: random.Random, vocab: int, window: int) -> list[tuple[str
         ("request_id", {"request_id": "x" * BIG_ID_CHARS + uuid.UUID(int=rng.getrandbits(128)).hex}),
         ("cloud_tokens", {"cloud_tokens": rng.randint(1, 100)}),
         ("assumed_ids", {"assumed_ids": [5, 6]}),  # round 0 cannot be speculative
+        ("task", {"task": f"fuzz-task-{rng.randint(0, 10**6)}"}),  # a task the verifier does not serve
+        ("task", {"task": "t" * rng.randint(65, 300)}),
+        ("image_features", {"image_features": [0.5] * rng.randint(1, 64)}),  # an image without a task
         ("token_ids", {"token_ids": [7] * window, "parents": list(range(-1, window - 1)),
                        "draft_probs": [0.5] * window}),  # a chain past the context window
     ]
