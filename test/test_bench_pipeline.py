@@ -26,6 +26,8 @@ from edge_llm_ros.core.pipeline import PipelineAR
 from edge_llm_ros.core.pipesim import (CostModel, DraftCost, LayerProfile, Link, even_ranges, jetson_costs,
                                        simulate)
 from edge_llm_ros.tools import bench_pipeline as bp
+from edge_llm_ros.tools.pipeline_deployment import Goal
+from edge_llm_ros.tools.pipeline_report import TOLERANCE
 from edge_llm_ros.tools.prompts import BenchPrompt
 
 PROMPTS = [[3, 17, 22, 9, 41, 5, 30, 12, 7], [1, 8, 2, 60, 33, 4]]
@@ -112,9 +114,9 @@ def test_simulated_rows_on_a_tiny_model_are_lossless_and_shaped(tiny):
             assert all(s.times == pytest.approx(t.times) for s, t in zip(solo, timelines))
 
 
-def fake_goal(mode: str, tokens: list[int], ttft: float, rate: float) -> bp.Goal:
+def fake_goal(mode: str, tokens: list[int], ttft: float, rate: float) -> Goal:
     span = (len(tokens) - 1) / rate
-    return bp.Goal(mode, tokens, 0.0, ttft, ttft + span, ttft + span + 0.01, 1.0 if mode == "ar" else 2.0,
+    return Goal(mode, tokens, 0.0, ttft, ttft + span, ttft + span + 0.01, 1.0 if mode == "ar" else 2.0,
                    0.0 if mode == "ar" else 3.0)
 
 
@@ -146,7 +148,7 @@ def test_the_report_has_the_issues_shape_and_says_which_targets_are_met(tiny):
     assert [c["mode"] for c in decoded["comparisons"]] == list(bp.MODES)
     flow = next(c for c in decoded["comparisons"] if c["mode"] == "flowspec")
     assert flow["error"] == pytest.approx(flow["simulated_tokens_per_s"] / 13.0 - 1)
-    assert flow["within_tolerance"] == (abs(flow["error"]) <= bp.TOLERANCE)
+    assert flow["within_tolerance"] == (abs(flow["error"]) <= TOLERANCE)
     met = {t["target"].split(": ", 1)[1]: t for t in decoded["targets"]}
     assert met["FlowSpec / Chunk-PP tokens/s"]["value"] == pytest.approx(13 / 8) and met[
         "FlowSpec / Chunk-PP tokens/s"]["met"]

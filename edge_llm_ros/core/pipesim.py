@@ -197,14 +197,23 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
         seconds = calls * costs.draft_call_s + forwards * costs.draft_s
         d0_free = start + seconds
         timeline.d0_busy_s += seconds
-        if shared is not None and seconds > 0:
-            free_at[shared] = d0_free  # the core is D0's meanwhile
+        if shared is not None:
+            if seconds > 0:
+                free_at[shared] = d0_free  # the core is D0's meanwhile
+            # the stage looks again once D0 is done, also when D0 only waited: its job may end
+            # sooner than D0 was told (processor sharing reschedules it), and rows may be waiting
             push(d0_free, "wake", shared)
         act(d0_free, actions)
 
+    def idle(i: int, now: float) -> bool:
+        """Stage i computes nothing now (with processor sharing: no job of its own running; its
+        end time moves as the others start and end) and its core is not D0's."""
+        computing = i in running if costs.contention != 1.0 else free_at[i] > now
+        return not computing and (i != shared or d0_free <= now)
+
     def try_start(i: int, now: float) -> None:
         """Stage i takes the next rows it can run, if it is idle."""
-        while queues[i] and free_at[i] <= now and (i != shared or d0_free <= now):
+        while queues[i] and idle(i, now):
             rows = queues[i][0]
             if not stages[i].ready(rows):
                 return  # its prune is on the way

@@ -77,6 +77,23 @@ def test_every_mode_through_stages_commits_the_targets_greedy_tokens_on_a_tiny_m
     assert scheduler.rounds > 1 and scheduler.prunes  # flowspec: rounds ended, rows were pruned
 
 
+def test_d0_on_a_stages_core_with_contention_never_stalls_the_stage(tiny_folder):
+    """D0 on stage 0's core, processor sharing between the stages: every mode still commits every
+    token. (A D0 event that did no work while stage 0 computed once kept the stage waiting for an
+    end time the sharing had since moved earlier, with no event left to wake it: chunk_pp stopped
+    after its first token, as bench --scenario pipeline's calibrated 2-stage simulation once did.)"""
+    target = load_model(tiny_folder, with_tokenizer=False)
+    prompt = [3, 17, 22, 9, 41, 5, 30, 12, 7]
+    expected = generate_all(target, prompt, preset("ar", max_new_tokens=24)).tokens
+    drafter = ModelDrafter(target.truncated(2))
+    for contention in (0.8, 0.96, 1.1):
+        costs = CostModel(stage_s=lambda stage, rows, cached: 0.01 * (1 + rows), draft_s=0.01, link=Link(0.0),
+                          d0_shares=0, contention=contention)
+        for mode, scheduler in schedulers(prompt, drafter, 24, []).items():
+            timeline = simulate(scheduler, stages_of(tiny_folder, [0, 3, 5]), costs)
+            assert timeline.tokens == expected, (mode, contention, len(timeline.tokens))
+
+
 def test_flowspec_in_the_papers_setting_is_lossless_and_expands_only_from_new_context(tiny_folder):
     """PAPER_SHAPE (FlowSpec's evaluation setting: 80-node trees, segments of 16, 64-node expansions,
     no score-aware expansion): the target's greedy tokens, and every draft is either a round's

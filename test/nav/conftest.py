@@ -1,4 +1,5 @@
-"""Shared by the navigation tests: tiny random language models on SmolLM2's tokenizer."""
+"""Shared by the navigation tests: tiny random language models on SmolLM2's tokenizer, and frames
+of a simulated world."""
 
 import pytest
 
@@ -14,3 +15,15 @@ def tiny_lms():
     draft = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, max_context=256, seed=6)
     target.tokenizer = draft.tokenizer = tokenizer
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def frames():
+    """Three frames from world 3's start, turning: what the tiny VLMs decide on."""
+    from edge_llm_ros.core.nav.camera import Camera
+    from edge_llm_ros.core.nav.world import Pose
+    from edge_llm_ros.core.nav.worldgen import generate
+
+    world, camera = generate(3), Camera()
+    start = world.start
+    return [camera.render(world, Pose(start.x, start.y, start.yaw + turn)) for turn in (0.0, 1.5, 3.0)]

@@ -12,11 +12,8 @@ from edge_llm_ros.core import GenerationConfig
 from edge_llm_ros.core.drafters import ModelDrafter
 from edge_llm_ros.core.edge_cloud import (DraftError, DraftRequest, EarlyExitDrafter, EarlyExitVerifier,
                                           edge_cloud_rounds)
-from edge_llm_ros.core.nav.camera import Camera
 from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, Navigator, nav_task
 from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
-from edge_llm_ros.core.nav.world import Pose
-from edge_llm_ros.core.nav.worldgen import generate
 
 INSTRUCTION = "go to the red chair"
 
@@ -32,13 +29,6 @@ def vlm(tiny_lms):
             for low in lows.values():
                 torch.nn.init.normal_(low.b, std=0.2)
     return adapter, target, draft
-
-
-@pytest.fixture(scope="module")
-def frames():
-    world, camera = generate(4), Camera()
-    start = world.start
-    return [camera.render(world, Pose(start.x, start.y, start.yaw + turn)) for turn in (0.0, 1.2, 2.4)]
 
 
 @pytest.fixture(scope="module")

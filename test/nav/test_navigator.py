@@ -12,8 +12,6 @@ from edge_llm_ros.core.nav.camera import Camera
 from edge_llm_ros.core.nav.frames import FrameError, from_compressed, from_raw
 from edge_llm_ros.core.nav.navigator import Navigator, Waiting
 from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
-from edge_llm_ros.core.nav.world import Pose
-from edge_llm_ros.core.nav.worldgen import generate
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +19,6 @@ def vlm(tiny_lms):
     target, draft = tiny_lms
     adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32})).eval()
     return adapter, target, draft
-
-
-@pytest.fixture(scope="module")
-def frames():
-    world, camera = generate(3), Camera()
-    start = world.start
-    return [camera.render(world, Pose(start.x, start.y, start.yaw + turn)) for turn in (0.0, 1.5, 3.0)]
 
 
 def test_speculative_modes_give_the_ar_answer_and_stay_in_the_grammar(vlm, frames):

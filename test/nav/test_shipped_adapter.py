@@ -6,7 +6,6 @@ speculative modes, on the trained one"). Reaching the chair through real process
 
 import pytest
 
-pytestmark = pytest.mark.slow  # SmolLM2 and the draft, a dozen decisions
 
 SEED = 100  # an evaluation world: never trained on
 

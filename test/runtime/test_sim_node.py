@@ -97,7 +97,6 @@ class Probe:
         """A reset to ``seed``, waited for until /odom shows the robot at ``start`` (a core Pose) at rest."""
         Int32 = self.host.message("std_msgs/msg/Int32")
         wait_until(lambda: self.reset_pub.get_subscription_count() >= 1, 30, "sim_node on /sim/reset")
-        self.reset_pub.publish(Int32(data=seed))
 
         def at_start():
             odom = self.odom()
@@ -105,7 +104,12 @@ class Probe:
                                                    odom.pose.pose.position.y - start.y) < 1e-6 \
                 and abs(math.remainder(yaw_of(odom) - start.yaw, math.tau)) < 1e-6 and odom.twist.twist.linear.x == 0
 
-        self.wait(at_start, 30, f"the robot back at the start after reset {seed}")
+        def sent_and_there():  # again until seen: a route may still be forming when the graph already shows it
+            self.reset_pub.publish(Int32(data=seed))
+            with self.cond:
+                return self.cond.wait_for(at_start, 2.0)
+
+        wait_until(sent_and_there, 30, f"the robot back at the start after reset {seed}")
 
 
 @pytest.fixture(scope="module")
