@@ -68,8 +68,10 @@ class GoalHandle:
 class RclpyActionClient:
     def __init__(self, node: Any, action_type: Any, name: str) -> None:
         from rclpy.action import ActionClient
+        from rclpy.qos import QoSProfile
 
-        self._client = ActionClient(node, action_type, name)
+        # a streamed answer's feedback, all of it, also while this process's executor is busy
+        self._client = ActionClient(node, action_type, name, feedback_sub_qos_profile=QoSProfile(depth=100))
         self._node = node
 
     def wait_for_server(self, timeout_sec: float) -> bool:

@@ -25,6 +25,24 @@ class VerifierTimeout(TimeoutError):
     """No final VerifyResult within timeout_s, or no verifier any more."""
 
 
+def await_answer(inbox: queue.Queue, timeout_s: float, gone, timed_out, vanished):
+    """The next item of ``inbox``. Raises ``vanished(who)`` once ``gone()`` names a missing peer
+    in two checks PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that
+    already works), else ``timed_out()`` after ``timeout_s``: a request never hangs on a peer."""
+    deadline, absent = time.monotonic() + timeout_s, 0
+    while True:
+        try:
+            return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
+        except queue.Empty:
+            pass
+        who = gone()
+        absent = absent + 1 if who else 0
+        if absent >= 2:
+            raise vanished(who)
+        if time.monotonic() >= deadline:
+            raise timed_out()
+
+
 class VerifierLink:
     """See the module docstring. ``drafter``: the node's EarlyExitDrafter (None while unloaded);
     ``inboxes``: request id -> queue of final outcomes (a stage pipeline's client shares it)."""
@@ -87,21 +105,13 @@ class VerifierLink:
             self.release(request_id)
 
     def await_final(self, inbox: queue.Queue, tokens: int):
-        """The next final outcome of a request; VerifierTimeout after timeout_s, or once no verifier
-        subscribes to `draft` (it died: the draft in flight is lost with it) in two checks
-        PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that already works)."""
-        timeout_s = self.timeout_s
-        deadline, absent = time.monotonic() + timeout_s, 0
-        draft_topic = self.node.resolve_topic_name("draft")
-        while True:
-            try:
-                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
-            except queue.Empty:
-                pass
-            if time.monotonic() >= deadline:
-                raise VerifierTimeout(f"no final VerifyResult within timeout_s={timeout_s:g} s (after {tokens} "
-                                      f"tokens): is verifier_node running and subscribed to {draft_topic}?")
-            absent = absent + 1 if self.node.count_subscribers("draft") == 0 else 0
-            if absent >= 2:
-                raise VerifierTimeout(f"verifier gone: nothing subscribes to {draft_topic} any more "
-                                      f"(verifier_node died or is restarting; {tokens} token(s) committed)")
+        """The next final outcome of a request (:func:`await_answer`): VerifierTimeout after
+        timeout_s, or once no verifier subscribes to `draft` (it died: the draft in flight is lost
+        with it)."""
+        topic = self.node.resolve_topic_name("draft")
+        return await_answer(
+            inbox, self.timeout_s, lambda: topic if self.node.count_subscribers("draft") == 0 else "",
+            lambda: VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
+                                    f"tokens): is verifier_node running and subscribed to {topic}?"),
+            lambda who: VerifierTimeout(f"verifier gone: nothing subscribes to {who} any more (verifier_node died "
+                                        f"or is restarting; {tokens} token(s) committed)"))

@@ -9,21 +9,19 @@ row) and the stages' refusals on `verify` (a final VerifyResult with `error`, ro
 node). :meth:`StageClient.run` yields the tokens each answer commits.
 
 A request never hangs: with no answer for `timeout_s` it ends with an error naming the stages that
-nothing serves any more (no subscriber on their topic), checked every PEER_CHECK_S as well, so a
+nothing serves any more (no subscriber on their topic), checked every second as well, so a
 dead stage ends its requests within about two seconds.
 """
 
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import stamp
-
-PEER_CHECK_S = 1.0
+from edge_llm_ros.nodes.edge_link import await_answer
 
 
 class StageFailed(RuntimeError):
@@ -108,22 +106,14 @@ class StageClient:
             self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
 
     def wait(self, inbox: queue.Queue, tokens: int):
-        """The request's next answer or refusal; StageFailed after timeout_s, or once a stage has no
-        subscriber in two checks PEER_CHECK_S apart."""
-        deadline, absent = time.monotonic() + self.timeout_s, 0
-        while True:
-            try:
-                return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
-            except queue.Empty:
-                pass
-            gone = self.gone()
-            absent = absent + 1 if gone else 0
-            if absent >= 2:
-                raise StageFailed(f"{gone} gone: nothing subscribes to its input any more (it died or is "
-                                  f"restarting; {tokens} token(s) committed)")
-            if time.monotonic() >= deadline:
-                raise StageFailed(f"no answer from the last stage within timeout_s={self.timeout_s:g} s "
-                                  f"({tokens} token(s) committed): are {self.count} stage_node(s) running?")
+        """The request's next answer or refusal (nodes/edge_link.await_answer): StageFailed after
+        timeout_s, or once a stage has no subscriber."""
+        return await_answer(
+            inbox, self.timeout_s, self.gone,
+            lambda: StageFailed(f"no answer from the last stage within timeout_s={self.timeout_s:g} s ({tokens} "
+                                f"token(s) committed): are {self.count} stage_node(s) running?"),
+            lambda who: StageFailed(f"{who} gone: nothing subscribes to its input any more (it died or is "
+                                    f"restarting; {tokens} token(s) committed)"))
 
     def gone(self) -> str:
         """The stages whose input topic nothing subscribes to, e.g. 'stage 1 (/edge_llm/stage_1/in)'."""
