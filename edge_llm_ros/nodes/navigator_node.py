@@ -105,7 +105,7 @@ class NavigatorNode(ManagedNode):
     def load(self) -> str:
         import numpy as np
 
-        from edge_llm_ros.core import GenerationConfig, load_model
+        from edge_llm_ros.core import EDGE_MODES, GenerationConfig, load_model
         from edge_llm_ros.core.draft_models import load_draft
         from edge_llm_ros.core.loading import set_threads
         from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
@@ -118,7 +118,8 @@ class NavigatorNode(ManagedNode):
         adapter = NavAdapter.load(p.adapter or None, target)
         remote = p.deployment == "edge_cloud"
         draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
-        config = GenerationConfig(mode=p.mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
+        mode = EDGE_MODES[p.mode][0] if remote else p.mode  # fsd and ee draft chains, as sd does
+        config = GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
         blank = np.zeros((96, 128, 3), np.uint8)
         if remote:
             self.navigator = self.remote_navigator(adapter, draft, config)

@@ -89,14 +89,6 @@ def reference(greedy):
     return {prompt: greedy(prompt, MAX_NEW_TOKENS)[:2] for prompt in PROMPTS}
 
 
-def pytest_generate_tests(metafunc):
-    """A test that names no backend for ``nodes`` runs on the embedded one as the same fixture
-    instance as the tests parametrized with it: one node pair per backend for the module."""
-    named = any(mark.args and "nodes" in str(mark.args[0]) for mark in metafunc.definition.iter_markers("parametrize"))
-    if "nodes" in metafunc.fixturenames and not named:
-        metafunc.parametrize("nodes", ["zenoh"], indirect=True)
-
-
 @pytest.fixture(scope="module")
 def nodes(request, router_endpoint):
     """verifier_node and draft_node as two processes on the backend the test names (``indirect``;

@@ -168,11 +168,12 @@ def stop(launch: Proc) -> None:
 
 
 def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(router_endpoint, rt_session):
-    """navigator_node (deployment edge_cloud) on the embedded runtime, first alone: the decision
-    ends within seconds (nothing subscribes to its draft topic) and the robot gets a stop naming
-    the missing verifier. Then verifier_node (nav_adapter shipped, the emulated link of
-    go2_sim.yaml) starts: the next instruction is decided through it, and the answer is the one
-    SmolLM2 + the adapter gives on one device for the same frame (lossless through processes)."""
+    """navigator_node (deployment edge_cloud, mode fsd) on the embedded runtime, first alone: the
+    decision ends within seconds (nothing subscribes to its draft topic) and the robot gets a stop
+    naming the missing verifier. Then verifier_node (nav_adapter shipped, exits 16 and 24, the
+    emulated link of go2_sim.yaml) starts: the next instruction is decided through it, and the
+    answer is the one SmolLM2 + the adapter gives on one device for the same frame (lossless
+    through processes, early outcomes and pre-drafts included)."""
     from array import array
 
     from edge_llm_ros import runtime as rt
@@ -184,7 +185,7 @@ def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(
 
     params = str(REPO / "config" / "go2_sim.yaml")
     navigator = Proc([sys.executable, "-m", "edge_llm_ros.nodes.navigator_node", "--ros-args", "--params-file", params,
-                      "-p", "deployment:=edge_cloud", "-p", "overlap:=false"])
+                      "-p", "deployment:=edge_cloud", "-p", "mode:=fsd", "-p", "overlap:=false"])
     verifier = None
     probe = rt_session.Node("go2_edge_probe")
     try:
