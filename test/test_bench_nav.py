@@ -10,53 +10,62 @@ import json
 
 import pytest
 
-from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, EE_GO2, IMAGE_HEADER_BYTES, Link, plan
+from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, IMAGE_HEADER_BYTES, Link, ee_go2_costs, plan
 from edge_llm_ros.core.nav.world import Pose
 from edge_llm_ros.tools import bench
-from edge_llm_ros.tools.bench_nav import Computed, Decisions, ee_regime, pose_key
+from edge_llm_ros.tools.bench_nav import Computed, Decisions, pose_key
 
 FRAME = 128 * 96 * 3
 
 
-def test_decision_time_per_deployment_adds_what_the_link_costs():
+def test_a_model_free_decision_over_the_link_adds_what_the_link_costs():
     link = Link(rtt_s=0.05, bandwidth_bps=8e6)  # a megabyte per second
     up = (FRAME + IMAGE_HEADER_BYTES) / 1e6
-    assert DEPLOYMENTS["robot-ar"].decision_s(0.9, 18, FRAME, link) == 0.9
-    assert DEPLOYMENTS["robot-sd"].decision_s(0.7, 6, FRAME, link) == 0.7
-    assert DEPLOYMENTS["cloud-ar"].decision_s(0.9, 18, FRAME, link) == pytest.approx(0.9 + 0.05 + up)
-    assert DEPLOYMENTS["edge-cloud-sd"].decision_s(0.7, 6, FRAME, link) == pytest.approx(0.7 + 6 * 0.05 + up)
+    assert DEPLOYMENTS["robot-ar"].modelled_s(0.9, 18, FRAME, link) == 0.9
+    assert DEPLOYMENTS["robot-sd"].modelled_s(0.7, 6, FRAME, link) == 0.7
+    assert DEPLOYMENTS["cloud-ar"].modelled_s(0.9, 18, FRAME, link) == pytest.approx(0.9 + 0.05 + up)
+    for name in ("edge-cloud-sd", "edge-cloud-fsd", "edge-cloud-ee"):
+        assert DEPLOYMENTS[name].modelled_s(0.7, 6, FRAME, link) == pytest.approx(0.7 + 6 * 0.05 + up)
     assert plan({"cloud-ar": 1.0, "robot-ar": 0.9, "edge-cloud-sd": 0.9}) == "robot-ar"
     with pytest.raises(ValueError, match="bandwidth"):
         Link(0.05, 0.0)
 
 
-def test_ee_regime_projects_tokens_and_rounds_onto_table_8_and_gives_back_its_ratio():
-    round_s = 0.288 + 0.120 + 0.620  # gamma T_p + T_c + T_q, EE Table 8(a)
-    assert EE_GO2.decision_s(DEPLOYMENTS["edge-cloud-sd"], 18, 5) == pytest.approx(5 * round_s)
-    assert EE_GO2.decision_s(DEPLOYMENTS["cloud-ar"], 18, 18) == pytest.approx(18 * 0.90 * round_s / 2.92)
-    assert EE_GO2.decision_s(DEPLOYMENTS["robot-sd"], 18, 5) is None  # a 7B target does not fit the robot
-    # at Table 8(b)'s tau the projection gives back its AR -> SD speedup, 0.90x
-    cloud = EE_GO2.decision_s(DEPLOYMENTS["cloud-ar"], 292, 292)
-    assert cloud / EE_GO2.decision_s(DEPLOYMENTS["edge-cloud-sd"], 292, 100) == pytest.approx(0.90)
-    assert any("Table 8(a)" in s for s in EE_GO2.sources) and any("Table 8(b)" in s for s in EE_GO2.sources)
+def test_ee_go2_costs_spread_table_8_over_the_layers_and_give_back_its_ar_to_sd_ratio():
+    layers = 30
+    costs, inputs = ee_go2_costs(layers)
+    t_p, t_q, t_c = 0.288 / 4, 0.620, 0.120  # EE Table 8(a)
+
+    def verification(rows):  # every layer and the head over ``rows`` rows
+        return sum(costs.layer_s(layer, rows, 100) for layer in range(layers)) + costs.head_s(rows)
+
+    sd_token = (2 * t_c + 4 * t_p + t_q) / 2.92  # Table 4's SD latency per token at Table 8(b)'s tau
+    assert verification(5) == pytest.approx(t_q) and verification(64) == pytest.approx(t_q)
+    assert verification(1) == pytest.approx(0.90 * sd_token)  # cloud AR's token: AR -> SD 0.90x
+    assert verification(1) < verification(3) < verification(5)
+    assert costs.exit_s(5) == costs.head_s(5) > costs.layer_s(0, 5, 0)  # Qwen2-VL-7B's head: 2.3 layers
+    assert costs.draft_s == pytest.approx(t_p) and costs.uplink.latency_s == costs.downlink.latency_s == t_c
+    sources = " ".join(c.source for c in inputs)
+    assert "Table 8(a)" in sources and "Table 8(b)" in sources and all(c.source for c in inputs)
 
 
-def test_ee_regime_of_a_run_pairs_the_modes_on_each_pose_and_reads_the_first_motion_at_the_start():
-    decisions = Decisions(None, None, {})
-    start, later = Pose(1.0, 2.0, 0.5), Pose(1.5, 2.0, 0.5)
-    answer = lambda mode, tokens, rounds: Computed(None, True, 0.5, rounds, tokens)  # noqa: E731
-    decisions.cache[pose_key(100, start)] = {"ar": answer("ar", 20, 20), "sd": answer("sd", 20, 4)}
-    decisions.cache[pose_key(100, later)] = {"ar": answer("ar", 16, 16), "sd": answer("sd", 16, 5)}
-    decisions.cache[pose_key(101, start)] = {"sd": answer("sd", 16, 5)}  # no ar on this pose: not a pair
-    report = ee_regime(decisions, {pose_key(100, start)})
-    cloud, edge = DEPLOYMENTS["cloud-ar"], DEPLOYMENTS["edge-cloud-sd"]
-    assert report["decisions"] == 2 and report["tau"] == pytest.approx(36 / 9, abs=0.01)
-    assert report["first_motion_s"]["edge-cloud-sd"] == pytest.approx(EE_GO2.decision_s(edge, 20, 4), abs=1e-3)
-    assert report["first_motion_cloud_ar_over_edge_cloud_sd"] == pytest.approx(
-        EE_GO2.decision_s(cloud, 20, 20) / EE_GO2.decision_s(edge, 20, 4), abs=1e-3)
-    assert report["decision_s"]["cloud-ar"] == pytest.approx(EE_GO2.decision_s(cloud, 18, 18), abs=1e-3)
-    assert report["label"].startswith("simulated") and "fsd" in report["not_projected"]
-    assert ee_regime(Decisions(None, None, {}), set()) is None
+def test_decisions_are_computed_once_per_pose_and_deployment_and_differences_are_lossless_failures():
+    decisions = Decisions(None, None, None)
+    pose = Pose(1.0, 2.0, 0.5)
+    answers = {"robot-ar": "forward", "cloud-ar": "forward", "edge-cloud-sd": "left"}
+    calls = []
+
+    def compute(world, at, name):
+        calls.append(name)
+        return Computed(type("Command", (), {"action": answers[name]})(), True, 0.5, 1, 10)
+
+    decisions.compute = compute
+    for name in ("robot-ar", "cloud-ar", "robot-ar", "edge-cloud-sd"):
+        decisions.get(100, None, pose, name)
+    assert calls == ["robot-ar", "cloud-ar", "edge-cloud-sd"]
+    assert decisions.mismatches == [{"seed": 100, "pose": [1.0, 2.0, 0.5], "robot-ar": "forward",
+                                     "edge-cloud-sd": "left"}]
+    assert list(decisions.cache) == [pose_key(100, pose)]
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -85,6 +94,7 @@ def test_expert_run_writes_the_table_the_json_and_the_png(tmp_path):
     assert code == 0, err
     report = json.loads(path.read_text())
     assert report["scenario"] == "nav" and report["seeds"] == [100, 101, 102] and report["link"]["modelled"]
+    assert not report["link"]["emulated"] and "modelled link" in report["label"]
     assert (tmp_path / "nav.png").stat().st_size > 10_000 and "wrote" in err
     runs = report["runs"]
     assert {(r["deployment"], r["overlap"]) for r in runs} == {(d, o) for d in DEPLOYMENTS for o in (True, False)}

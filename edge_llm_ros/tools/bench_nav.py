@@ -8,19 +8,23 @@ deployment of the VLM and per schedule (overlapped with motion, or stop-and-go).
 Each episode runs in simulated time (core/nav/episode.py: the bridge's motion executor, the
 kinematic Go2, the navigator's overlap schedule and its carrying over by odometry), and each
 decision is real: SmolLM2 + the shipped navigation adapter on the frame the camera renders at the
-pose the robot was at, constrained greedy, timed. The deployments (core/nav/deployment.py) share
-the answers (every mode is lossless, checked here: a speculative answer that differs from ar's on
-the same frame is a LOSSLESS FAILURE and exit status 1) and differ in time: robot compute as
-measured; the link to the server modelled from --rtt and --bandwidth (round trips and bytes, the
-server as fast as this machine: label "modelled link"). A decision is computed once per pose and
-mode and reused by the deployments that ask for the same one.
+pose the robot was at, constrained greedy, timed where it runs. On the robot, one Navigator; over
+edge-cloud (core/nav/deployment.py: cloud-ar, edge-cloud-sd, -fsd, -ee) the robot's half and the
+server's (an EarlyExitVerifier serving the nav task with the shipped exits) each on their own
+threads, every message over an emulated link each way (runtime/link.py: --rtt / 2 and
+--bandwidth; label "emulated link"), in this process on this machine's two cores. Every deployment
+is lossless: two answers on one frame that differ are a LOSSLESS FAILURE and exit status 1. A
+decision is computed once per pose and deployment.
 
-Before the episodes, a calibration (four frames of the first world, each mode timed) predicts each
-deployment's decision time; the shortest is the one the plan picks (``planned``). Reported per
+Before the episodes, a calibration (four frames of the first world, each deployment timed) predicts
+each deployment's decision time; the shortest is the one the plan picks (``planned``). Reported per
 run: success rate (reached within 0.5 m, nothing touched), waiting per episode (the robot idle,
 waiting for a decision), first motion (instruction to the first action), time to goal and path
 length (mean over successful episodes), actions per episode; and the ratios stop-and-go / overlap
-(waiting) and cloud AR / planned (first motion). The PNG draws each world with every run's path.
+(waiting) and cloud AR / planned (first motion). Then EE's regime, simulated: every world's first
+decision in each edge mode with EE's own Go2 deployment's seconds (Table 8). The PNG draws each
+world with every run's path. ``--policy expert`` replaces the VLM by the camera expert with a fixed
+decision time and the link by its model (no model runs).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ INSTRUCTION = "go to the red chair"
 DEFAULT_SEEDS, QUICK_SEEDS = "100-109", "100"
 SCHEDULES = ("overlap", "stop-and-go")
 CALIBRATION_FRAMES = 4
-LABEL = "simulated time, real decisions, modelled link"
+LABEL = "simulated time, real decisions, emulated link"
+EXPERT_LABEL = "simulated time, the expert's fixed decision time, modelled link"
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class Setup:
 class Computed(NamedTuple):
     command: object  # core/nav/actions.NavCommand
     valid: bool
-    compute_s: float
+    seconds: float  # the decision as the deployment takes it (measured; the expert's: modelled)
     rounds: int
     tokens: int  # the answer's tokens (0 for the expert: no model)
 
@@ -72,158 +77,206 @@ def pose_key(seed: int, pose) -> tuple:
 
 
 class Decisions:
-    """Decisions by (seed, pose, mode), computed once (:class:`Computed`)."""
+    """Decisions by (seed, pose, deployment), computed once (:class:`Computed`). Every deployment is
+    lossless, so any two answers on one pose that differ are recorded in ``mismatches``."""
 
-    def __init__(self, setup: Setup, camera, navigators: dict) -> None:
-        self.setup, self.camera, self.navigators = setup, camera, navigators
+    def __init__(self, setup: Setup, camera, models) -> None:
+        self.setup, self.camera, self.models = setup, camera, models
         self.cache: dict = {}
         self.mismatches: list[dict] = []
 
-    def get(self, seed: int, world, pose, mode: str):
+    def get(self, seed: int, world, pose, name: str) -> Computed:
         key = pose_key(seed, pose)
         known = self.cache.setdefault(key, {})
-        if mode not in known:
-            new = known[mode] = self.compute(world, pose, mode)
-            for other_mode, other in known.items():  # every speculative answer against ar's, once
-                if "ar" in (mode, other_mode) and other_mode != mode and other.command.action != new.command.action:
-                    ar, spec, spec_mode = (new, other, other_mode) if mode == "ar" else (other, new, mode)
-                    self.mismatches.append({"seed": seed, "pose": [pose.x, pose.y, pose.yaw],
-                                            "ar": ar.command.action, "mode": spec_mode,
-                                            "answer": spec.command.action})
-        return known[mode]
+        if name not in known:
+            new = known[name] = self.compute(world, pose, name)
+            other = next((o for o in known if o != name), None)
+            if other is not None and known[other].command.action != new.command.action:
+                self.mismatches.append({"seed": seed, "pose": [pose.x, pose.y, pose.yaw], other: known[other].command.action,
+                                        name: new.command.action})
+        return known[name]
 
-    def compute(self, world, pose, mode: str):
-        if self.setup.policy == "expert":
+    def compute(self, world, pose, name: str) -> Computed:
+        from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+
+        setup = self.setup
+        if setup.policy == "expert":
+            from edge_llm_ros.core.nav.deployment import Link
             from edge_llm_ros.core.nav.expert import camera_expert
 
-            return Computed(camera_expert(world, pose), True, self.setup.decide_s, 1, 0)
-        decision = self.navigators[mode].decide(self.camera.render(world, pose), INSTRUCTION)
+            frame_bytes = self.camera.width * self.camera.height * 3
+            seconds = DEPLOYMENTS[name].modelled_s(setup.decide_s, 1, frame_bytes, Link(setup.rtt_s, setup.bandwidth_bps))
+            return Computed(camera_expert(world, pose), True, seconds, 1, 0)
+        decision = self.models.navigators[name].decide(self.camera.render(world, pose), INSTRUCTION)
         return Computed(decision.command, decision.valid, decision.decide_s, max(decision.stats.rounds, 1),
                         decision.stats.new_tokens)
 
 
-def load_navigators(modes: set[str], threads: int | None) -> dict:
-    """A warmed-up navigator per decoding mode, sharing the target, the draft and the adapter."""
-    import numpy as np
+class Models:
+    """SmolLM2 + the shipped adapter, a navigator per deployment: on the robot a Navigator; over
+    edge-cloud an EdgeCloudNavigator whose server (an EarlyExitVerifier serving the nav task with the
+    shipped exits at EXIT_LAYERS, as verifier_node runs it) verifies on its own thread, every
+    message crossing an emulated link each way (runtime/link.py: RTT/2 and the rate)."""
 
-    from edge_llm_ros.core import GenerationConfig, load_model
-    from edge_llm_ros.core.draft_models import load_draft
-    from edge_llm_ros.core.loading import set_threads
-    from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
-    from edge_llm_ros.core.nav.vlm import NavAdapter
+    def __init__(self, deployments: list[str], setup: Setup, threads: int | None) -> None:
+        import numpy as np
 
-    set_threads(threads)
-    target = load_model()
-    adapter = NavAdapter.load(None, target)
-    draft = load_draft(target, None).model if modes - {"ar"} else None
-    navigators = {mode: Navigator(adapter, target, draft, GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS,
-                                                                           gamma=4))
-                  for mode in sorted(modes)}
-    for navigator in navigators.values():  # torch's first passes are slow: not a decision to time
-        navigator.decide(np.zeros((96, 128, 3), np.uint8), INSTRUCTION)
-    return navigators
+        from edge_llm_ros.core import GenerationConfig, load_exits, load_model
+        from edge_llm_ros.core.decoding import eos_ids
+        from edge_llm_ros.core.draft_models import load_draft
+        from edge_llm_ros.core.drafters import ModelDrafter
+        from edge_llm_ros.core.edge_cloud import EarlyExitDrafter, EarlyExitVerifier
+        from edge_llm_ros.core.loading import set_threads
+        from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+        from edge_llm_ros.core.nav.navigator import (
+            MAX_ANSWER_TOKENS,
+            NAV_TASK,
+            EdgeCloudNavigator,
+            Navigator,
+            answer_grammar,
+            nav_task,
+        )
+        from edge_llm_ros.core.nav.vlm import NavAdapter
+        from edge_llm_ros.runtime.link import Link, LinkSpec
+
+        from .edge_cloud_sim import EXIT_LAYERS
+
+        set_threads(threads)
+        target = load_model()
+        adapter = NavAdapter.load(None, target)
+        config = GenerationConfig(max_new_tokens=MAX_ANSWER_TOKENS, gamma=4)
+        draft = load_draft(target, None).model
+        spec = LinkSpec(latency_ms=setup.rtt_s * 1e3 / 2, bandwidth_mbps=setup.bandwidth_bps / 1e6)
+        self.links = [Link(spec, "uplink"), Link(spec, "downlink")]
+        grammar = answer_grammar(target.tokenizer, target.vocab_size)
+        self.verifier = EarlyExitVerifier(target, load_exits(target), layers=list(EXIT_LAYERS), eos_ids=eos_ids(target),
+                                          tasks={NAV_TASK: nav_task(adapter, target, grammar)})
+        self.robot = EarlyExitDrafter([ModelDrafter(adapter.attach(draft, "draft"))], seed=0)
+
+        def rounds(request_id, prompt, request_config, **start):
+            from edge_llm_ros.core.edge_cloud import linked_rounds
+
+            return linked_rounds(self.verifier, self.robot, prompt, request_config, uplink=self.links[0],
+                                 downlink=self.links[1], request_id=request_id, timeout_s=60.0, **start)
+
+        self.navigators = {}
+        for name in deployments:
+            d = DEPLOYMENTS[name]
+            if d.target_on == "robot":
+                self.navigators[name] = Navigator(adapter, target, draft if d.mode != "ar" else None,
+                                                  config.with_overrides(mode=d.mode))
+            else:
+                self.navigators[name] = EdgeCloudNavigator(adapter, draft, rounds, d.mode, config)
+        blank = np.zeros((adapter.config.height, adapter.config.width, 3), np.uint8)
+        for navigator in self.navigators.values():  # torch's first passes are slow: not a decision to time
+            navigator.decide(blank, INSTRUCTION)
+
+    def close(self) -> None:
+        self.robot.close()
+        for link in self.links:
+            link.close()
 
 
-def calibrate(decisions: Decisions, setup: Setup, link, frame_bytes: int) -> dict[str, float]:
-    """Predicted seconds per decision of each deployment, from CALIBRATION_FRAMES frames of the first
-    world (the start, turned by a quarter turn each), every mode timed on each."""
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+def calibrate(decisions: Decisions, setup: Setup) -> dict[str, float]:
+    """Predicted seconds per decision of each deployment: the mean over CALIBRATION_FRAMES frames of
+    the first world (the start, turned by a quarter turn each), each deployment timed on each."""
     from edge_llm_ros.core.nav.world import Pose
     from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
 
     seed = setup.seeds[0]
     world = generate(seed, GenerateConfig(clear_path=True))
     poses = [Pose(world.start.x, world.start.y, world.start.yaw + k * math.pi / 2) for k in range(CALIBRATION_FRAMES)]
-    predicted = {}
-    for name in setup.deployments:
-        d = DEPLOYMENTS[name]
-        times = []
-        for pose in poses:
-            computed = decisions.get(seed, world, pose, d.mode)
-            times.append(d.decision_s(computed.compute_s, computed.rounds, frame_bytes, link))
-        predicted[name] = statistics.mean(times)
-    return predicted
+    return {name: statistics.mean(decisions.get(seed, world, pose, name).seconds for pose in poses)
+            for name in setup.deployments}
 
 
-def ee_regime(decisions: Decisions, starts: set[tuple]) -> dict | None:
-    """Every pose decided both in ar and in sd (the same frame, the same answer), its tokens and rounds
-    projected onto EE's own Go2 deployment (core/nav/deployment.EE_GO2): cloud AR against edge-cloud
-    sd per decision, and for the first motion (the decisions at the worlds' start poses, ``starts``).
-    Simulated, not measured; None without such pairs (one mode only, or the expert: no tokens)."""
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, EE_GO2
+def ee_regime(models: Models, camera, worlds: dict) -> dict:
+    """The first decision of every world (its start pose) in each edge mode, in simulated time with
+    EE's own Go2 deployment's seconds (core/nav/deployment.ee_go2_costs; core/edge_cloud/sim.py runs
+    the real draft, verifier, grammar, early outcomes and pre-drafts): the decision's seconds per
+    mode, and cloud AR's over each speculative mode's. Simulated, not measured."""
+    from dataclasses import asdict
 
-    pairs = {key: (known["ar"], known["sd"]) for key, known in decisions.cache.items()
-             if "ar" in known and "sd" in known and known["sd"].tokens}
-    if not pairs:
-        return None
-    cloud, edge = DEPLOYMENTS["cloud-ar"], DEPLOYMENTS["edge-cloud-sd"]
+    from edge_llm_ros.core.edge_cloud.sim import simulate_edge_cloud
+    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, ee_go2_costs
+    from edge_llm_ros.core.nav.navigator import EdgeCloudNavigator
 
-    def seconds(keys) -> dict[str, float] | None:
-        keys = [k for k in keys if k in pairs]
-        if not keys:
-            return None
-        return {"cloud-ar": round(statistics.mean(EE_GO2.decision_s(cloud, pairs[k][0].tokens, pairs[k][0].rounds)
-                                                  for k in keys), 3),
-                "edge-cloud-sd": round(statistics.mean(EE_GO2.decision_s(edge, pairs[k][1].tokens, pairs[k][1].rounds)
-                                                       for k in keys), 3)}
-
-    decision, first = seconds(pairs), seconds(starts)
-    sd = [sd for _, sd in pairs.values()]
-    return {"label": "simulated: EE Table 8's seconds, this run's tokens and rounds", "regime": EE_GO2.name,
-            "sources": list(EE_GO2.sources), "gamma": EE_GO2.gamma, "decisions": len(pairs),
-            "tau": round(sum(d.tokens for d in sd) / sum(d.rounds for d in sd), 2),
-            "decision_s": decision, "first_motion_s": first,
-            "first_motion_cloud_ar_over_edge_cloud_sd": round(first["cloud-ar"] / first["edge-cloud-sd"], 3)
-            if first else None,
-            "not_projected": "robot-ar and robot-sd (the regime's 7B target does not fit the robot); fsd and ee "
-                             "(pre-drafting from early exits needs a grammar-aware verifier, not built yet)"}
+    costs, inputs = ee_go2_costs(len(models.verifier.target.layer_ids))
+    navigators = {name: n for name, n in models.navigators.items() if isinstance(n, EdgeCloudNavigator)}
+    seconds: dict[str, list[float]] = {name: [] for name in navigators}
+    rounds = {name: 0 for name in navigators}
+    answers: dict[int, set] = {}
+    for seed, world in worlds.items():
+        frame = camera.render(world, world.start)
+        for name, navigator in navigators.items():
+            timeline = simulate_edge_cloud(models.verifier, models.robot, navigator.prompt(INSTRUCTION),
+                                           navigator.config, costs, request_id=f"ee-go2-{seed}-{name}",
+                                           **navigator.request(frame))
+            seconds[name].append(timeline.total_s)
+            rounds[name] += timeline.rounds
+            answers.setdefault(seed, set()).add(tuple(timeline.tokens))
+    first = {name: round(statistics.mean(v), 3) for name, v in seconds.items()}
+    tokens = {seed: len(next(iter(a))) for seed, a in answers.items()}
+    return {"label": "simulated: EE Table 8's seconds (Jetson Orin + Qwen2-VL-2B drafting, A100 + Qwen2-VL-7B "
+                     "verifying), this run's tokens, acceptance and early outcomes",
+            "inputs": [asdict(c) for c in inputs], "decisions": len(worlds),
+            "first_motion_s": first,
+            "tau": {name: round(sum(tokens.values()) / rounds[name], 2) for name in navigators
+                    if DEPLOYMENTS[name].mode != "ar"},
+            "cloud_ar_over": {name: round(first["cloud-ar"] / first[name], 3) for name in navigators
+                              if "cloud-ar" in first and name != "cloud-ar"},
+            "lossless": all(len(a) == 1 for a in answers.values()),
+            "not_projected": "robot-ar and robot-sd (the regime's 7B target does not fit the robot)"}
 
 
 def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, Link, plan
+    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, plan
     from edge_llm_ros.core.nav.episode import EpisodeConfig, Timed, run_episode
     from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
 
-    link = Link(setup.rtt_s, setup.bandwidth_bps)
     camera = Camera()
-    frame_bytes = camera.width * camera.height * 3
-    modes = {DEPLOYMENTS[name].mode for name in setup.deployments}
-    navigators = load_navigators(modes, threads) if setup.policy == "vlm" else {}
-    decisions = Decisions(setup, camera, navigators)
-    predicted = calibrate(decisions, setup, link, frame_bytes)
-    planned = plan(predicted)
-    worlds = {seed: generate(seed, GenerateConfig(clear_path=True)) for seed in setup.seeds}
-    runs = []
-    total = len(setup.deployments) * len(setup.schedules) * len(setup.seeds)
-    with tqdm(total=total, desc="nav", unit="episode", file=sys.stderr, disable=not progress) as bar:
-        for name in setup.deployments:
-            d = DEPLOYMENTS[name]
-            for schedule in setup.schedules:
-                episodes, timings = {}, []
-                for seed, world in worlds.items():
-                    def decide(pose, seed=seed, world=world):
-                        computed = decisions.get(seed, world, pose, d.mode)
-                        seconds = d.decision_s(computed.compute_s, computed.rounds, frame_bytes, link)
-                        timings.append(seconds)
-                        return Timed(computed.command, seconds, computed.valid)
+    models = Models(setup.deployments, setup, threads) if setup.policy == "vlm" else None
+    try:
+        decisions = Decisions(setup, camera, models)
+        predicted = calibrate(decisions, setup)
+        planned = plan(predicted)
+        worlds = {seed: generate(seed, GenerateConfig(clear_path=True)) for seed in setup.seeds}
+        runs = []
+        total = len(setup.deployments) * len(setup.schedules) * len(setup.seeds)
+        with tqdm(total=total, desc="nav", unit="episode", file=sys.stderr, disable=not progress) as bar:
+            for name in setup.deployments:
+                d = DEPLOYMENTS[name]
+                for schedule in setup.schedules:
+                    episodes, timings = {}, []
+                    for seed, world in worlds.items():
+                        def decide(pose, seed=seed, world=world):
+                            computed = decisions.get(seed, world, pose, name)
+                            timings.append(computed.seconds)
+                            return Timed(computed.command, computed.seconds, computed.valid)
 
-                    config = EpisodeConfig(overlap=schedule == "overlap", max_actions=setup.max_actions)
-                    episodes[seed] = run_episode(world, decide, config)
-                    bar.update(1)
-                runs.append(summarize(name, d, schedule, episodes, timings, name == planned, worlds))
+                        config = EpisodeConfig(overlap=schedule == "overlap", max_actions=setup.max_actions)
+                        episodes[seed] = run_episode(world, decide, config)
+                        bar.update(1)
+                    runs.append(summarize(name, d, schedule, episodes, timings, name == planned, worlds))
+        regime = ee_regime(models, camera, worlds) if models and any(
+            DEPLOYMENTS[n].target_on == "server" for n in setup.deployments) else None
+    finally:
+        if models is not None:
+            models.close()
+    vlm = setup.policy == "vlm"
     report = {
         "scenario": "nav",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "label": LABEL,
+        "label": LABEL if vlm else EXPERT_LABEL,
         "instruction": INSTRUCTION,
-        "policy": "SmolLM2-135M + shipped navigation adapter (constrained greedy)" if setup.policy == "vlm"
+        "policy": "SmolLM2-135M + shipped navigation adapter (constrained greedy)" if vlm
                   else f"camera expert (the teacher), decisions of {setup.decide_s:g} s",
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "link": {"rtt_ms": setup.rtt_s * 1000, "bandwidth_mbps": setup.bandwidth_bps / 1e6, "modelled": True,
-                 "frame_bytes": frame_bytes},
+        "link": {"rtt_ms": setup.rtt_s * 1000, "bandwidth_mbps": setup.bandwidth_bps / 1e6, "emulated": vlm,
+                 "modelled": not vlm, "frame_bytes": camera.width * camera.height * 3},
         "seeds": list(setup.seeds),
         "max_actions": setup.max_actions,
         "predicted_decision_s": {k: round(v, 4) for k, v in predicted.items()},
@@ -233,7 +286,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
         "lossless": not decisions.mismatches,
         "mismatches": decisions.mismatches,
         "decisions_computed": sum(len(v) for v in decisions.cache.values()),
-        "ee_regime": ee_regime(decisions, {pose_key(seed, w.start) for seed, w in worlds.items()}),
+        "ee_regime": regime,
         "trajectories": {f"{r['deployment']}/{r['schedule']}": r.pop("trajectories") for r in runs},
         "worlds": {seed: world.to_dict() for seed, world in worlds.items()},
     }
@@ -295,12 +348,12 @@ def format_table(report: dict) -> str:
              f"link RTT {link['rtt_ms']:g} ms, {link['bandwidth_mbps']:g} Mbit/s ({report['label']})",
              "predicted decision (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["predicted_decision_s"].items())
              + f"; the plan picks {report['planned']}",
-             f"{'deployment':<15}{'schedule':<13}{'success':>8}{'waiting/ep':>11}{'first mot.':>11}{'to goal':>9}"
+             f"{'deployment':<17}{'schedule':<13}{'success':>8}{'waiting/ep':>11}{'first mot.':>11}{'to goal':>9}"
              f"{'path m':>8}{'actions':>8}{'decide s':>9}"]
     for r in report["runs"]:
         def f(v, spec):
             return "-" if v is None else format(v, spec)
-        lines.append(f"{r['deployment'] + (' *' if r['planned'] else ''):<15}{r['schedule']:<13}"
+        lines.append(f"{r['deployment'] + (' *' if r['planned'] else ''):<17}{r['schedule']:<13}"
                      f"{r['success_rate']:>8.0%}{f(r['waiting_s_per_episode'], '.2f'):>11}"
                      f"{f(r['first_motion_s'], '.2f'):>11}{f(r['time_to_goal_s'], '.1f'):>9}{f(r['path_m'], '.2f'):>8}"
                      f"{f(r['actions_per_episode'], '.1f'):>8}{f(r['decision_s'], '.3f'):>9}")
@@ -311,11 +364,11 @@ def format_table(report: dict) -> str:
         lines.append(f"first motion, cloud-ar / planned ({report['planned']}), {schedule}: {value:.3f}x")
     ee = report.get("ee_regime")
     if ee:
-        lines.append(f"EE's Go2 regime ({ee['label']}; {ee['decisions']} decisions, tau {ee['tau']:.2f}): decision "
-                     f"cloud-ar {ee['decision_s']['cloud-ar']:.2f} s, edge-cloud-sd {ee['decision_s']['edge-cloud-sd']:.2f} s"
-                     + (f"; first motion cloud-ar / edge-cloud-sd {ee['first_motion_cloud_ar_over_edge_cloud_sd']:.3f}x"
-                        if ee["first_motion_s"] else ""))
-    lines.append(f"lossless (speculative answers equal ar's on the same frames): {report['lossless']}")
+        lines.append(f"EE's Go2 regime ({ee['label']}; first decisions of {ee['decisions']} worlds): "
+                     + ", ".join(f"{name} {s:.2f} s" for name, s in ee["first_motion_s"].items())
+                     + "".join(f"; cloud-ar / {name} {x:.3f}x" for name, x in ee["cloud_ar_over"].items()))
+    lines.append(f"lossless (every deployment's answer the same on the same frame): {report['lossless']}"
+                 + (f"; simulated: {ee['lossless']}" if ee else ""))
     return "\n".join(lines)
 
 
@@ -369,11 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "real decisions).")
     p.add_argument("--scenario", choices=["nav"], default="nav", help=argparse.SUPPRESS)
     p.add_argument("--seeds", default=None, help=f"evaluation worlds, FIRST-LAST (default {DEFAULT_SEEDS})")
-    p.add_argument("--deployments", default="robot-ar,robot-sd,cloud-ar,edge-cloud-sd",
+    p.add_argument("--deployments", default=",".join(DEPLOYMENTS),
                    help=f"comma-separated subset of {','.join(DEPLOYMENTS)}")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma-separated subset of {','.join(SCHEDULES)}")
-    p.add_argument("--rtt", type=float, default=50.0, help="link round-trip time, ms (modelled)")
-    p.add_argument("--bandwidth", type=float, default=100.0, help="link rate, Mbit/s (modelled)")
+    p.add_argument("--rtt", type=float, default=50.0, help="link round-trip time, ms (emulated; the expert's: modelled)")
+    p.add_argument("--bandwidth", type=float, default=100.0, help="link rate each way, Mbit/s")
     p.add_argument("--max-actions", type=int, default=40, help="an episode stops after this many actions")
     p.add_argument("--policy", choices=("vlm", "expert"), default="vlm",
                    help="vlm: SmolLM2 + the shipped adapter; expert: the camera expert (no model)")
@@ -419,8 +472,12 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
 
 
 def failures(report: dict) -> list[str]:
-    return [f"LOSSLESS FAILURE: seed {mm['seed']} pose {mm['pose']}: ar says {mm['ar']!r}, {mm['mode']} {mm['answer']!r}"
-            for mm in report["mismatches"]]
+    out = [f"LOSSLESS FAILURE: seed {mm['seed']} pose {mm['pose']}: "
+           + ", ".join(f"{k} says {v!r}" for k, v in mm.items() if k not in ("seed", "pose"))
+           for mm in report["mismatches"]]
+    if (report.get("ee_regime") or {}).get("lossless") is False:
+        out.append("LOSSLESS FAILURE: the simulated edge modes' answers differ on a start frame")
+    return out
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -210,10 +210,8 @@ def ee_regime_costs(model: Calibrated):
     t_p, t_q, t_c, bandwidth = 0.334 / 4, 0.497, 0.095, 100e6
     hidden, inter, vocab = 4096, 11008, 32000
     head_layers = vocab * hidden / (4 * hidden * hidden + 3 * hidden * inter)
-    layer_s = t_q / (len(model.verifier.target.layer_ids) + head_layers)
-    link = Link(t_c, bandwidth)
-    costs = EdgeCloudCosts(lambda layer, rows, cached: layer_s, lambda rows: head_layers * layer_s,
-                           lambda rows: head_layers * layer_s, draft_s=t_p, uplink=link, downlink=link)
+    costs = EdgeCloudCosts.tabled(lambda rows: t_q, len(model.verifier.target.layer_ids), head_layers, t_p,
+                                  Link(t_c, bandwidth))
     inputs = [
         Cited("drafting latency gamma T_p, gamma = 4", 334, "ms", "edge_cloud_early_exit.txt Table 5, "
               "Vicuna-68m/Vicuna-7B, Jetson"),

@@ -21,6 +21,7 @@ from edge_llm_ros.core.edge_cloud import (
     RequestLimitError,
     SpeculationMissed,
     VerifyOutcome,
+    linked_rounds,
     projected_speedup,
     run_edge_cloud,
 )
@@ -134,6 +135,70 @@ def test_every_edge_mode_equals_greedy_ar(target, exits, ar, name):
         assert all(r.stats.hits + r.stats.misses == r.stats.rounds - 1 for r in runs)
     assert (ahead > 0) == (name == "ee") and ahead <= hits  # a hit's pre-draft may still be drafting at its final
     assert verifier.requests == [] and all(r.stats.verify_s > 0 for r in runs)
+
+
+class CountingLink:
+    """One direction of an emulated link (runtime.link.Link, 5 ms one way) that also keeps what it carried."""
+
+    def __init__(self, name):
+        from edge_llm_ros.runtime.link import Link, LinkSpec
+
+        self.link, self.carried = Link(LinkSpec(latency_ms=5.0), name), []
+
+    def send(self, payload, size_bytes, deliver):
+        self.carried.append((payload, size_bytes))
+        return self.link.send(payload, size_bytes, deliver)
+
+
+@pytest.mark.parametrize("name", list(EDGE_MODES))
+def test_linked_rounds_put_the_server_on_its_thread_behind_both_links_and_stay_lossless(target, exits, ar, name):
+    """The server verifies on its own thread what crossed the uplink; every outcome crosses the
+    downlink (early ones too, for the pre-drafting modes); the tokens are greedy AR's."""
+    drafting, early_exits, send_ahead = EDGE_MODES[name]
+    config = SD.with_overrides(mode=drafting) if drafting != "tree" else TREE
+    verifier = EarlyExitVerifier(target, exits)
+    robot = EarlyExitDrafter(ModelDrafter(target.truncated(2)), seed=0)
+    up, down = CountingLink("up"), CountingLink("down")
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            stats, tokens, threads = [], [], set()
+            for step, final in linked_rounds(verifier, robot, prompt, config, uplink=up, downlink=down,
+                                             request_id=f"{name}-{i}", stats_out=stats, early_exits=early_exits,
+                                             send_ahead=send_ahead, timeout_s=30):
+                tokens += step.tokens
+            assert tokens == ar[tuple(prompt)]
+            assert stats and stats[0].rounds == len(stats[0].accepted)
+    finally:
+        robot.close()
+        up.link.close(), down.link.close()
+    drafts = [d for d, _ in up.carried]
+    assert drafts and all(size > 0 for _, size in up.carried)
+    assert [d.round for d in drafts if d.round == 0] == [0, 0]  # one round 0 per request, on the link
+    finals = [o for o, _ in down.carried if o.final]
+    assert len(finals) >= sum(len(ar[tuple(p)]) for p in PROMPTS) // (1 if name == "ar" else SD.gamma + 1)
+    assert any(not o.final for o, _ in down.carried) == (name in ("fsd", "ee"))
+    assert verifier.requests == [] and robot.requests == []
+
+
+def test_linked_rounds_raise_a_refused_draft_and_time_out_on_a_dead_link(target, exits):
+    verifier = EarlyExitVerifier(target, exits)
+    robot = EarlyExitDrafter(ModelDrafter(target.truncated(2)), seed=0)
+
+    class Dead:
+        def send(self, payload, size_bytes, deliver):
+            pass  # lost
+
+    up = CountingLink("up")
+    try:
+        with pytest.raises(DraftError, match="task"):  # the server's refusal reaches the robot
+            list(linked_rounds(verifier, robot, PROMPTS[0], SD, uplink=up, downlink=Dead(), timeout_s=10,
+                               task="no-such-task"))
+        with pytest.raises(TimeoutError, match="no final outcome"):
+            list(linked_rounds(verifier, robot, PROMPTS[0], SD, uplink=Dead(), downlink=Dead(), timeout_s=0.3))
+    finally:
+        robot.close()
+        up.link.close()
+    assert verifier.requests == [] and robot.requests == []
 
 
 def test_speculative_draft_is_verified_only_if_its_assumption_holds(target, exits, robot):

@@ -11,7 +11,7 @@ import torch
 from edge_llm_ros.core import GenerationConfig
 from edge_llm_ros.core.drafters import ModelDrafter
 from edge_llm_ros.core.edge_cloud import (DraftError, DraftRequest, EarlyExitDrafter, EarlyExitVerifier,
-                                          edge_cloud_rounds)
+                                          edge_cloud_rounds, linked_rounds)
 from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, Navigator, nav_task
 from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
 
@@ -42,7 +42,7 @@ def halves(vlm):
     robot.close()
 
 
-@pytest.mark.parametrize("mode", ["ar", "sd", "fsd"])  # tree: the same verifier path as sd
+@pytest.mark.parametrize("mode", ["ar", "sd", "fsd", "ee"])  # tree: the same verifier path as sd
 def test_every_edge_mode_gives_the_one_device_answer(vlm, frames, halves, mode):
     adapter, target, draft = vlm
     verifier, robot = halves
@@ -68,6 +68,52 @@ def test_the_verifier_warms_the_nav_task_up_and_keeps_nothing(halves):
 
 def _rounds(verifier, robot, request_id, prompt, config, **start):
     return edge_cloud_rounds(verifier, robot, prompt, config, request_id=request_id, **start)
+
+
+def test_over_emulated_links_and_in_ee_go2_simulated_time_every_mode_gives_the_same_answer(vlm, frames, halves):
+    """The bench's two paths (tools/bench_nav.py): the server on its own thread behind 10 ms links
+    each way, and core/edge_cloud/sim.py with EE's Go2 seconds; both the one-device answer. Cloud AR's
+    simulated decision is Table 4's: 2 T_c + a prefill (T_q's share of the layers) + T(1 row) per
+    token, and round 0's bytes up."""
+    from edge_llm_ros.core.edge_cloud.sim import draft_bytes, simulate_edge_cloud
+    from edge_llm_ros.core.nav.deployment import ee_go2_costs
+    from edge_llm_ros.runtime.link import Link, LinkSpec
+
+    adapter, target, draft = vlm
+    verifier, robot = halves
+    config = GenerationConfig(max_new_tokens=64, gamma=3)
+    local = Navigator(adapter, target, None, config)
+    links = [Link(LinkSpec(latency_ms=10.0, bandwidth_mbps=100.0), name) for name in ("up", "down")]
+
+    def linked(request_id, prompt, request_config, **start):
+        return linked_rounds(verifier, robot, prompt, request_config, uplink=links[0], downlink=links[1],
+                             request_id=request_id, timeout_s=30, **start)
+
+    costs, inputs = ee_go2_costs(len(target.layer_ids))
+    try:
+        for mode in ("ar", "sd", "fsd", "ee"):
+            remote = EdgeCloudNavigator(adapter, draft, linked, mode, config)
+            for frame in frames[:2]:
+                want, got = local.decide(frame, INSTRUCTION), remote.decide(frame, INSTRUCTION)
+                assert got.text == want.text, mode
+                prompt = remote.prompt(INSTRUCTION)
+                timeline = simulate_edge_cloud(verifier, robot, prompt, remote.config, costs, request_id=f"sim-{mode}",
+                                               **remote.request(frame))
+                assert timeline.tokens == local.answer(frame, prompt)[0], mode
+                if mode == "ar":
+                    t_c, t_q, one_row = (next(c.value for c in inputs if c.name.startswith(n)) / 1e3 for n in
+                                         ("communication", "verification latency", "a one-row"))
+                    head = next(c.value for c in inputs if c.name.startswith("Qwen2-VL-7B's head"))
+                    layers = len(target.layer_ids)
+                    prefill = t_q * layers / (layers + head)  # the layers' share: no head over a prompt
+                    up = draft_bytes(DraftRequest("x", 0, prompt, len(prompt), [], [], [], task=NAV_TASK,
+                                                  image_features=[0.0] * 512)) * 8 / 100e6
+                    want_s = 2 * t_c + prefill + len(timeline.tokens) * one_row + up
+                    assert timeline.total_s == pytest.approx(want_s, rel=0.01)
+    finally:
+        for link in links:
+            link.close()
+    assert verifier.requests == [] and robot.requests == []
 
 
 def test_a_navigation_round_0_is_checked_naming_the_field(vlm, frames, halves):

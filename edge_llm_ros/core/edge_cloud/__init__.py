@@ -19,7 +19,8 @@ final outcome arrives, a pre-draft made from exactly the final context is served
 otherwise the next draft is made now (miss).
 
 :func:`stream_edge_cloud` / :func:`run_edge_cloud` run both halves in one process with a pluggable
-link, for tests and the bench. Every emitted token is verified at the final layer, so the output
+link, for tests and the bench; :func:`linked_rounds` puts the server on its own thread behind
+emulated links both ways. Every emitted token is verified at the final layer, so the output
 is the target's: greedy token for token, sampled distributed as the target's.
 
 Modules: ``records`` (the wire records and their checks), ``server`` (the verifier),
@@ -29,7 +30,17 @@ drafter side), ``local`` (both halves in one process), ``sim`` (both halves with
 """
 
 from .inbox import DraftInbox
-from .local import Deliver, EdgeCloudResult, Link, direct_link, edge_cloud_rounds, run_edge_cloud, stream_edge_cloud
+from .local import (
+    Deliver,
+    EdgeCloudResult,
+    Link,
+    Shaper,
+    direct_link,
+    edge_cloud_rounds,
+    linked_rounds,
+    run_edge_cloud,
+    stream_edge_cloud,
+)
 from .predraft import CacheKey, PreDraft, PreDraftCache
 from .records import (
     MAX_REQUEST_ID,
@@ -50,7 +61,7 @@ from .speedup import projected_speedup
 
 __all__ = [
     "CacheKey", "Deliver", "DraftInbox", "DraftError", "DraftRejectedError", "DraftRequest", "EDGE_MODES", "EarlyExitDrafter",
-    "EarlyExitVerifier", "EdgeCloudResult", "EdgeCloudStats", "FinalStep", "Link", "MAX_REQUEST_ID", "MAX_TOPK", "PROPOSAL_TOP_K", "OutcomeSendQueue",
+    "EarlyExitVerifier", "EdgeCloudResult", "EdgeCloudStats", "FinalStep", "Link", "Shaper", "MAX_REQUEST_ID", "MAX_TOPK", "PROPOSAL_TOP_K", "OutcomeSendQueue",
     "PreDraft", "PreDraftCache", "ROW_SUM_TOLERANCE", "RequestLimitError", "SpeculationMissed", "VerifierStats",
-    "VerifierTask", "VerifyOutcome", "direct_link", "edge_cloud_rounds", "projected_speedup", "robot_rounds", "run_edge_cloud", "stream_edge_cloud",
+    "VerifierTask", "VerifyOutcome", "direct_link", "edge_cloud_rounds", "linked_rounds", "projected_speedup", "robot_rounds", "run_edge_cloud", "stream_edge_cloud",
 ]

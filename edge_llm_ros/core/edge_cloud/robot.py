@@ -196,14 +196,15 @@ class EarlyExitDrafter:
     # -- requests ---------------------------------------------------------------------------------
 
     def start(self, request_id: str, prompt_ids: Sequence[int], config: GenerationConfig, *,
-              early_exits: bool = True, send_ahead: bool = False, own_drafter: Drafter | None = None,
+              early_exits: bool = True, send_ahead: bool = False, own_drafters: Sequence[Drafter] = (),
               grammar: TokenGrammar | None = None, task: str = "",
               image_features: Sequence[float] = ()) -> DraftRequest:
         """Register a request and draft round 0 (on the caller's thread): the DraftRequest to send.
         ``early_exits`` false: plain edge-cloud SD (the verifier sends finals only).
 
-        ``own_drafter``: this request's drafter (e.g. conditioned on its image), with a pre-draft worker of
-        its own; else the shared ones. ``grammar`` masks every draft (the verifier's ``task`` is
+        ``own_drafters``: this request's drafters (e.g. conditioned on its image), with a pre-draft
+        worker of its own (on the second, if given: then a miss never waits behind a pre-draft);
+        else the shared ones. ``grammar`` masks every draft (the verifier's ``task`` is
         constrained to the same grammar); ``task`` and ``image_features`` go up with round 0
         (DraftRequest.task)."""
         if config.mode not in ("ar", "sd", "tree", "llmcad"):
@@ -215,7 +216,7 @@ class EarlyExitDrafter:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
-        drafters = [own_drafter] if own_drafter is not None else self.drafters
+        drafters = list(own_drafters) or self.drafters
         vocab = getattr(drafters[0], "vocab_size", None)
         if vocab is not None and (min(prompt) < 0 or max(prompt) >= vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -232,7 +233,7 @@ class EarlyExitDrafter:
             if config.stop_strings and tokenizer is None:
                 raise ValueError("stop_strings need a tokenizer on the drafter")
             eos = eos_ids(drafters[0], config)
-            cache = self.cache if own_drafter is None else PreDraftCache([own_drafter], self.cache.seed, 1)
+            cache = self.cache if not own_drafters else PreDraftCache(drafters, self.cache.seed, 1)
             state = _Robot(config, config.tree_spec(), len(prompt), prompt, min(config.max_new_tokens,
                            window - len(prompt)), window, eos, StopStrings(tokenizer, config.stop_strings),
                            self._proposal_sampler(config), cache, early_exits, send_ahead, grammar, task,
@@ -434,7 +435,7 @@ def robot_rounds(drafter: EarlyExitDrafter, request_id: str, prompt_ids: Sequenc
     raises when none comes) until one commits this round, and yield (step, its final outcome) for
     each round until one finishes. Stale and duplicated finals are ignored (the drafter returns no
     step for them). The caller ends the request (``drafter.end``) when it is done with it.
-    ``start``: the rest of :meth:`EarlyExitDrafter.start`'s keywords (own_drafter, grammar, task, image_features)."""
+    ``start``: the rest of :meth:`EarlyExitDrafter.start`'s keywords (own_drafters, grammar, task, image_features)."""
     draft = drafter.start(request_id, prompt_ids, config, early_exits=early_exits, send_ahead=send_ahead, **start)
     while True:
         if draft is not None:

@@ -97,6 +97,23 @@ class EdgeCloudCosts:
         return cls(layer_s, head_s=profile.head, draft_s=draft.per_forward_s, draft_call_s=draft.per_draft_s,
                    uplink=uplink, downlink=downlink, **rest)
 
+    @classmethod
+    def tabled(cls, verify_s: Callable[[int], float], layers: int, head_layers: float, draft_s: float,
+               link: Link) -> EdgeCloudCosts:
+        """A paper's deployment: ``verify_s(rows)`` a verification of ``rows`` tree rows on its server,
+        shared by ``layers`` decoder layers and a head that weighs ``head_layers`` of them (an
+        exit's head as much, on top), whatever the cache holds; a prompt's prefill costs the
+        layers' share of ``verify_s`` of its rows once more; ``draft_s`` a draft forward; ``link`` each way."""
+        share = 1.0 / (layers + head_layers)
+
+        def layer_s(layer: int, rows: int, cached: int) -> float:
+            return share * verify_s(rows)
+
+        def head_s(rows: int) -> float:
+            return head_layers * share * verify_s(rows)
+
+        return cls(layer_s, exit_s=head_s, head_s=head_s, draft_s=draft_s, uplink=link, downlink=link)
+
     def server_scaled(self, factor: Callable[[int], float]) -> EdgeCloudCosts:
         """The same costs with the server's layers, exits and head over ``rows`` rows ``factor(rows)``
         times as long (a whole forward as the deployed verifier times it, over what the per-layer
@@ -136,9 +153,12 @@ def _string_bytes(text: str) -> int:
 
 def draft_bytes(draft: DraftRequest) -> int:
     """DraftTree.msg's payload: 4 bytes per 32-bit scalar (7), 8 for the seed, 1 per bool (2),
-    4 + 4 n per array (7: context, tokens, parents, probs, top-k ids and probs, assumed); no padding."""
-    entries = len(draft.context_ids) + 3 * len(draft.token_ids) + 2 * len(draft.topk_ids) + len(draft.assumed_ids)
-    return HEADER_BYTES + _string_bytes(draft.request_id) + 7 * 4 + 8 + 2 + 7 * 4 + 4 * entries
+    4 + 4 n per array (8: context, tokens, parents, probs, top-k ids and probs, assumed, image
+    features), two strings (request id, task); no padding."""
+    entries = (len(draft.context_ids) + 3 * len(draft.token_ids) + 2 * len(draft.topk_ids) + len(draft.assumed_ids)
+               + len(draft.image_features))
+    return (HEADER_BYTES + _string_bytes(draft.request_id) + _string_bytes(draft.task) + 7 * 4 + 8 + 2 + 8 * 4
+            + 4 * entries)
 
 
 def outcome_bytes(outcome: VerifyOutcome) -> int:
@@ -315,11 +335,11 @@ class _Run:
     """Both halves of one simulated request: the server's queue, the links, the robot's inbox."""
 
     def __init__(self, verifier: EarlyExitVerifier, drafter: EarlyExitDrafter, costs: EdgeCloudCosts,
-                 max_events: int) -> None:
+                 max_events: int, own_drafters: Sequence[Drafter] = ()) -> None:
         self.verifier, self.drafter, self.costs = verifier, drafter, costs
         self.events, self.cores = _Events(max_events), Cores(costs.cores)
-        self.cache = SimulatedPreDraftCache(drafter.drafters, drafter.cache.seed, drafter.cache.workers, costs,
-                                            self.cores, self.events)
+        drafters, workers = (own_drafters, 1) if own_drafters else (drafter.drafters, drafter.cache.workers)
+        self.cache = SimulatedPreDraftCache(drafters, drafter.cache.seed, workers, costs, self.cores, self.events)
         self.left_at = {"up": 0.0, "down": 0.0}  # when each link's last byte left
         self.waiting: deque[DraftRequest] = deque()  # drafts at the server
         self.finals: deque[tuple[float, VerifyOutcome]] = deque()  # arrived at the robot
@@ -398,19 +418,21 @@ class _Run:
 def simulate_edge_cloud(verifier: EarlyExitVerifier, drafter: EarlyExitDrafter, prompt_ids: Sequence[int],
                         config: GenerationConfig, costs: EdgeCloudCosts, *, early_exits: bool = True,
                         send_ahead: bool = False, request_id: str = "sim-0",
-                        max_events: int = 1_000_000) -> EdgeCloudTimeline:
+                        max_events: int = 1_000_000, own_drafters: Sequence[Drafter] = (),
+                        **start) -> EdgeCloudTimeline:
     """One request through ``drafter`` and ``verifier`` with simulated time (module docstring).
     ``config``, ``early_exits``, ``send_ahead``: as :func:`stream_edge_cloud` (EDGE_MODES maps a mode
-    name onto them). The drafter's cache and sender are swapped for simulated ones while it runs;
-    the request is ended on both sides afterwards."""
-    run = _Run(verifier, drafter, costs, max_events)
+    name onto them); ``own_drafters`` and ``start`` as :meth:`EarlyExitDrafter.start`'s (a request's
+    own drafter gets its own pre-draft worker, simulated). The drafter's cache and sender are
+    swapped for simulated ones while it runs; the request is ended on both sides afterwards."""
+    run = _Run(verifier, drafter, costs, max_events, list(own_drafters))
     timeline = EdgeCloudTimeline()
     cache, sender = drafter.cache, drafter.sender
     drafter.cache, drafter.sender = run.cache, run.send
     try:
         for step, _final in robot_rounds(drafter, request_id, prompt_ids, config, send=run.send,
                                          await_final=run.await_final, early_exits=early_exits,
-                                         send_ahead=send_ahead):
+                                         send_ahead=send_ahead, **start):  # own_drafters: in run.cache
             timeline.tokens += step.tokens
             timeline.times += [run.cache.now] * len(step.tokens)
     finally:

@@ -1,23 +1,21 @@
-"""Where a navigation decision runs, and how long it takes there: on the robot, on a server over a
-link (cloud AR), or split (edge-cloud speculative: the draft on the robot, the target verifying on
-the server, EE §4.4). Knows nothing about ROS.
+"""Where a navigation decision runs: on the robot, on a server over a link (cloud AR), or split
+(edge-cloud speculative: the draft on the robot, the target verifying on the server, EE §4.4,
+with pre-drafting from early exits in fsd and ee). Knows nothing about ROS.
 
-Contract: a decision's compute is measured (``Navigator.decide``: seconds, verification rounds);
-`NavDeployment.decision_s` adds what the link costs, from the link's round-trip time and rate:
+Contract: with the VLM, a decision's time is measured where it runs (``bench --scenario nav``: the
+robot's half and the server's on their own threads, every message over an emulated link).
+`NavDeployment.modelled_s` is what a model-free decision (the camera expert, a fixed compute time)
+costs over the link instead, from its round-trip time and rate:
 
     robot          compute
-    cloud AR       frame up (bytes / rate) + one round trip (the instruction and frame up, the
-                   answer down) + compute on the server
-    edge-cloud     frame up (both models condition on it) + one round trip per verification
-                   round + compute (draft on the robot, verification on the server)
+    cloud AR       frame up (bytes / rate) + one round trip + compute on the server
+    edge-cloud     frame up + one round trip per verification round + compute
 
-The server's compute is taken as this device's (the only one measured): on this machine the
-server is the robot's twin, so cloud AR can only add the link. `plan` picks the deployment with
-the shortest predicted decision.
+`plan` picks the deployment with the shortest predicted decision.
 
-:class:`Regime` projects a decision's tokens and verification rounds onto another deployment's
-seconds (simulated, not measured): :data:`EE_GO2` is EE's own Go2 deployment (Table 8: a Jetson
-Orin drafting with Qwen2-VL-2B, an A100 verifying with Qwen2-VL-7B over Wi-Fi 6), where a
+:func:`ee_go2_costs` are the seconds of EE's own Go2 deployment (Table 8: a Jetson Orin drafting
+with Qwen2-VL-2B, an A100 verifying with Qwen2-VL-7B), for core/edge_cloud/sim.py to project a
+decision's real tokens, acceptance and early outcomes onto (simulated, not measured): there a
 verification takes 0.6 s and speculation can beat cloud AR.
 """
 
@@ -25,6 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ..edge_cloud.sim import EdgeCloudCosts
+from ..pipesim import Cited
+from ..pipesim import Link as SimLink
 
 IMAGE_HEADER_BYTES = 64  # sensor_msgs/Image without its data (header, sizes, encoding), CDR
 
@@ -49,7 +51,7 @@ class NavDeployment:
     target_on: str  # robot | server
     what: str
 
-    def decision_s(self, compute_s: float, rounds: int, frame_bytes: int, link: Link) -> float:
+    def modelled_s(self, compute_s: float, rounds: int, frame_bytes: int, link: Link) -> float:
         if self.target_on == "robot":
             return compute_s
         up = link.transfer_s(frame_bytes + IMAGE_HEADER_BYTES)
@@ -61,8 +63,12 @@ class NavDeployment:
 DEPLOYMENTS = {d.name: d for d in (
     NavDeployment("robot-ar", "ar", "robot", "target on the robot, autoregressive"),
     NavDeployment("robot-sd", "sd", "robot", "draft and target on the robot, speculative"),
-    NavDeployment("cloud-ar", "ar", "server", "target on the server, autoregressive; frames over the link"),
-    NavDeployment("edge-cloud-sd", "sd", "server", "draft on the robot, target verifying on the server (EE)"),
+    NavDeployment("cloud-ar", "ar", "server", "target on the server, autoregressive; the robot sends the frame's "
+                                              "encoder features"),
+    NavDeployment("edge-cloud-sd", "sd", "server", "draft on the robot, target verifying on the server (EE's SD)"),
+    NavDeployment("edge-cloud-fsd", "fsd", "server", "as edge-cloud-sd, pre-drafting from the server's early exits "
+                                                     "(EE's FSD)"),
+    NavDeployment("edge-cloud-ee", "ee", "server", "as edge-cloud-fsd, finished pre-drafts sent ahead"),
 )}
 
 
@@ -73,46 +79,43 @@ def plan(predicted_s: Mapping[str, float]) -> str:
     return min(predicted_s, key=lambda name: predicted_s[name])
 
 
-@dataclass(frozen=True)
-class Regime:
-    """Seconds of another deployment, each cited (``sources``), onto which a decision's tokens and
-    verification rounds are projected:
-
-        cloud AR     tokens x ar_token_s (cloud AR's latency per token, its link included)
-        edge-cloud   rounds x (draft_round_s + link_s + verify_s) (EE's round: gamma T_p + T_c + T_q)
-
-    A deployment with the target on the robot has no projection (None): the regime's target does
-    not fit the robot."""
-
-    name: str
-    draft_round_s: float
-    verify_s: float
-    link_s: float
-    ar_token_s: float
-    gamma: int
-    sources: tuple[str, ...]
-
-    def decision_s(self, deployment: NavDeployment, tokens: int, rounds: int) -> float | None:
-        if deployment.target_on == "robot":
-            return None
-        if deployment.mode == "ar":
-            return tokens * self.ar_token_s
-        return max(rounds, 1) * (self.draft_round_s + self.link_s + self.verify_s)
+# EE's Go2 deployment, Table 8 and the models' shapes
+EE_GAMMA = 4
+_T_P, _T_Q, _T_C, _TAU, _AR_OVER_SD = 0.288 / EE_GAMMA, 0.620, 0.120, 2.92, 0.90
+_QWEN2_VL_7B = {"hidden": 3584, "intermediate": 18944, "vocab": 152064, "kv": 512}  # 4 KV heads of 128
 
 
-def _ee_go2() -> Regime:
-    draft, verify, link, tau, ar_over_sd, gamma = 0.288, 0.620, 0.120, 2.92, 0.90, 4
-    sd_token = (draft + link + verify) / tau
-    return Regime(
-        "EE's Go2 deployment (Jetson Orin + Qwen2-VL-2B drafting, A100 + Qwen2-VL-7B verifying, Wi-Fi 6)",
-        draft_round_s=draft, verify_s=verify, link_s=link, ar_token_s=ar_over_sd * sd_token, gamma=gamma,
-        sources=(
-            f"drafting gamma T_p = {draft * 1e3:.0f} ms at gamma = {gamma}, verification T_q = {verify * 1e3:.0f} ms, "
-            f"communication T_c = {link * 1e3:.0f} ms: edge_cloud_early_exit.txt Table 8(a)",
-            f"tau = {tau}, speedup AR -> SD = {ar_over_sd}x: edge_cloud_early_exit.txt Table 8(b)",
-            f"cloud AR per token = {ar_over_sd} x SD's per token = {ar_over_sd} x (T_p gamma + T_c + T_q) / tau = "
-            f"{ar_over_sd * sd_token * 1e3:.0f} ms (derived: the speedup is a ratio of latencies per token)",
-        ))
+def ee_go2_costs(layers: int) -> tuple[EdgeCloudCosts, list[Cited]]:
+    """core/edge_cloud/sim.py's costs for EE's Go2 deployment, spread over a target of ``layers``
+    layers, and every input cited. A verification of ``rows`` tree rows: T_q at gamma + 1 rows and
+    more (a prompt's prefill: the layers' share of T_q, once more), at one row cloud AR's seconds
+    per token, which Table 8(b) gives as a ratio to SD's (AR -> SD 0.90x at tau 2.92 with Table 4's
+    SD latency), linear between; the head weighs as Qwen2-VL-7B's."""
+    h, m, v, kv = (_QWEN2_VL_7B[k] for k in ("hidden", "intermediate", "vocab", "kv"))
+    head_layers = v * h / (2 * h * h + 2 * h * kv + 3 * h * m)
+    sd_token = (2 * _T_C + EE_GAMMA * _T_P + _T_Q) / _TAU
+    one_row = _AR_OVER_SD * sd_token
+    full = EE_GAMMA + 1
 
+    def verify_s(rows: int) -> float:
+        return one_row + (_T_Q - one_row) * (min(rows, full) - 1) / (full - 1)
 
-EE_GO2 = _ee_go2()
+    costs = EdgeCloudCosts.tabled(verify_s, layers, head_layers, _T_P, SimLink(_T_C, 100e6))
+    table = "edge_cloud_early_exit.txt Table 8(a), Jetson Orin + Qwen2-VL-2B / A100 + Qwen2-VL-7B"
+    inputs = [
+        Cited("drafting latency gamma T_p, gamma = 4", _T_P * EE_GAMMA * 1e3, "ms", table),
+        Cited("verification latency T_q (gamma + 1 rows)", _T_Q * 1e3, "ms", table),
+        Cited("communication latency T_c, one way (Table 4 counts 2 T_c a round)", _T_C * 1e3, "ms", table),
+        Cited("tau, AR -> SD speedup", _TAU, f"tokens a round, {_AR_OVER_SD}x",
+              "edge_cloud_early_exit.txt Table 8(b)"),
+        Cited("a one-row verification (cloud AR's seconds per token)", one_row * 1e3, "ms",
+              f"derived: {_AR_OVER_SD} x SD's (2 T_c + gamma T_p + T_q) / tau (Table 4), the speedup being a ratio "
+              "of latencies per token"),
+        Cited("Qwen2-VL-7B's head over one layer", head_layers, "layers",
+              f"the model's config (hidden {h}, MLP {m}, vocabulary {v}, 4 KV heads of 128): vocab x hidden / "
+              "(2 h^2 + 2 h kv + 3 h m)"),
+        Cited("a verification of more than gamma + 1 rows (a prompt's prefill: the layers' share)", _T_Q * 1e3, "ms",
+              "an assumption: a GPU keeps its time flat over a few hundred rows (Ghidorah §III-C2)"),
+        Cited("bandwidth", 100, "Mbit/s", "an assumption (the paper gives none; round 0 carries 2 kB of features)"),
+    ]
+    return costs, inputs

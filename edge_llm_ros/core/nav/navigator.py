@@ -159,18 +159,25 @@ class EdgeCloudNavigator(Navigator):
         drafter.propose(self.prompt(instruction), spec, Sampler(0.0))
         return time.perf_counter() - start
 
+    def request(self, frame: np.ndarray) -> dict:
+        """A decision's keywords for the edge-cloud rounds (robot_rounds' ``start``): the mode's
+        early exits and sending ahead, drafters conditioned on ``frame``'s encoder features (two
+        where early outcomes are pre-drafted from, so a miss never waits behind a pre-draft), the
+        grammar, the task and the features that go up with round 0."""
+        features = self.adapter.features(frame)
+        _, early_exits, send_ahead = EDGE_MODES[self.edge_mode]
+        drafters = []
+        if self.config.mode != "ar":
+            view = self.adapter.condition_on(self.draft, features, "draft")
+            drafters = [ModelDrafter(view) for _ in range(2 if early_exits else 1)]
+        return {"early_exits": early_exits, "send_ahead": send_ahead, "own_drafters": drafters, "grammar": self.grammar,
+                "task": NAV_TASK, "image_features": features.flatten().tolist()}
+
     def answer(self, frame: np.ndarray, prompt: list[int]) -> tuple[list[int], GenerationStats]:
         start = time.perf_counter()
-        features = self.adapter.features(frame)
-        drafter = None
-        if self.config.mode != "ar":
-            drafter = ModelDrafter(self.adapter.condition_on(self.draft, features, "draft"))
-        _, early_exits, send_ahead = EDGE_MODES[self.edge_mode]
         stats = GenerationStats(mode=self.edge_mode, prompt_tokens=len(prompt))
         tokens: list[int] = []
-        for step, final in self.rounds(f"nav-{uuid.uuid4().hex[:12]}", prompt, self.config, early_exits=early_exits,
-                                       send_ahead=send_ahead, own_drafter=drafter, grammar=self.grammar, task=NAV_TASK,
-                                       image_features=features.flatten().tolist()):
+        for step, final in self.rounds(f"nav-{uuid.uuid4().hex[:12]}", prompt, self.config, **self.request(frame)):
             tokens += step.tokens
             stats.rounds += 1
             stats.accepted.append(len(final.accepted_ids))
