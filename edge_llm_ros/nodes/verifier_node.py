@@ -120,7 +120,7 @@ class VerifierNode(ManagedNode):
 
     def tasks(self, target) -> dict:
         """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
-        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
+        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_exits, nav_task
         from edge_llm_ros.core.nav.vlm import NavAdapter
 
         name = self.params.nav_adapter
@@ -130,7 +130,7 @@ class VerifierNode(ManagedNode):
             adapter = NavAdapter.load(None if name == "shipped" else name, target)
         except (OSError, ValueError) as exc:
             raise ValueError(f"parameter 'nav_adapter': {exc}") from None
-        return {NAV_TASK: nav_task(adapter, target)}
+        return {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
 
     def unload(self) -> None:
         """Stop the verify thread (the draft being verified finishes first) and drop the model."""

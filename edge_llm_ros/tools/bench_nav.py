@@ -134,6 +134,7 @@ class Models:
             EdgeCloudNavigator,
             Navigator,
             answer_grammar,
+            nav_exits,
             nav_task,
         )
         from edge_llm_ros.core.nav.vlm import NavAdapter
@@ -150,7 +151,8 @@ class Models:
         self.links = [Link(spec, "uplink"), Link(spec, "downlink")]
         grammar = answer_grammar(target.tokenizer, target.vocab_size)
         self.verifier = EarlyExitVerifier(target, load_exits(target), layers=list(EXIT_LAYERS), eos_ids=eos_ids(target),
-                                          tasks={NAV_TASK: nav_task(adapter, target, grammar)})
+                                          tasks={NAV_TASK: nav_task(adapter, target, grammar,
+                                                                    nav_exits(adapter, target))})
         self.robot = EarlyExitDrafter([ModelDrafter(adapter.attach(draft, "draft"))], seed=0)
 
         def rounds(request_id, prompt, request_config, **start):

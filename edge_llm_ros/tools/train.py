@@ -1,5 +1,6 @@
-"""``edge-llm-ros train draft|heads|exits|nav``: self-distil a drafter for the target; ``nav``
-trains the navigator's vision adapter on the simulator (tools/train_nav.py).
+"""``edge-llm-ros train draft|heads|exits|nav|nav-exits``: self-distil a drafter for the target;
+``nav`` trains the navigator's vision adapter on the simulator, ``nav-exits`` the verifier's early
+exits for its task (tools/train_nav.py).
 
     edge-llm-ros train draft                                  # SmolLM2 -> ./drafts/smollm2-135m-instruct
     edge-llm-ros train draft --layers 4 --init spread --epochs 2 --out drafts/k4
@@ -47,7 +48,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .train_heads import add_heads_parser, check_heads_args, train_heads_command
-from .train_nav import add_nav_parser, check_nav_args, train_nav_command
+from .train_nav import (
+    add_nav_exits_parser,
+    add_nav_parser,
+    check_nav_args,
+    check_nav_exits_args,
+    train_nav_command,
+    train_nav_exits_command,
+)
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 DEFAULT_NAME = "smollm2-135m-instruct"
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train drafters for the target by self-distillation.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="what", required=True, metavar="draft|heads|exits|nav")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="draft|heads|exits|nav|nav-exits")
     d = sub.add_parser("draft", help="a shallow draft model initialised from target layers",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d.add_argument("--layers", type=int, default=2, help="decoder layers K of the draft")
@@ -78,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_exits_parser(sub)
     add_heads_parser(sub)
     add_nav_parser(sub)
+    add_nav_exits_parser(sub)
     return parser
 
 
@@ -439,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.what == "nav":
             check_nav_args(args)
             train_nav_command(args)
+        elif args.what == "nav-exits":
+            check_nav_exits_args(args)
+            train_nav_exits_command(args)
         else:
             check_draft_args(args)
             train_draft_command(args)

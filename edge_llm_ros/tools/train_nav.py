@@ -46,6 +46,70 @@ def add_nav_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def add_nav_exits_parser(sub) -> None:
+    p = sub.add_parser("nav-exits", help="early exits for the navigation task (what verifier_node's nav task "
+                                          "pre-drafts from)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--adapter", type=Path, default=None, help="adapter folder (default: the shipped one)")
+    p.add_argument("--worlds", type=int, default=120, help="training worlds (seeds 10000..)")
+    p.add_argument("--perturb", type=int, default=1, help="poses pushed off the expert's path per pose")
+    p.add_argument("--layers", default=",".join(map(str, (4, 8, 16, 24))), help="exit layers (0-based)")
+    p.add_argument("--bottleneck", type=int, default=256)
+    p.add_argument("--epochs", type=float, default=6.0)
+    p.add_argument("--heldout-frames", type=int, default=200, help="held-out frames (8 other worlds)")
+    p.add_argument("--out", type=Path, default=None, help="exits folder (default: ADAPTER/exits)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def check_nav_exits_args(args) -> None:
+    for flag in ("worlds", "bottleneck", "epochs", "heldout_frames"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.perturb < 0:
+        raise ValueError(f"--perturb must be >= 0, got {args.perturb}")
+    try:
+        args.layer_list = sorted({int(x) for x in args.layers.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--layers: expected comma-separated layer indices, got {args.layers!r}") from None
+    if not args.layer_list:
+        raise ValueError("--layers: give at least one layer")
+
+
+def train_nav_exits_command(args) -> dict:
+    from tqdm import tqdm
+
+    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.exits import ExitTrainConfig, save_exits
+    from edge_llm_ros.core.loading import set_threads
+    from edge_llm_ros.core.nav import vlm_training as vt
+    from edge_llm_ros.core.nav.camera import Camera
+    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, NavAdapter
+
+    from .train import log
+
+    set_threads(args.threads or 0)
+    folder = args.adapter or ADAPTERS_DIR / DEFAULT_ADAPTER
+    out = args.out or folder / vt.NAV_EXITS_DIR
+    target = load_model()
+    adapter = NavAdapter.load(folder, target)
+    camera = Camera()
+    bar = tqdm(total=args.worlds, desc="worlds", unit="world", disable=args.quiet)
+    samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds), camera, args.perturb,
+                                 progress=lambda n: bar.update(1))
+    bar.close()
+    heldout = vt.collect_samples(range(vt.TRAIN_SEED_BASE - 8, vt.TRAIN_SEED_BASE), camera,
+                                 perturb=1)[: args.heldout_frames]
+    exits, result = vt.train_nav_exits(adapter, target, samples, heldout, args.layer_list, args.bottleneck,
+                                       ExitTrainConfig(epochs=args.epochs, batch_positions=512),
+                                       progress=not args.quiet, log=log)
+    exits.training["command"] = "edge-llm-ros train nav-exits " + " ".join(getattr(args, "argv", [])[1:])
+    for layer, stats in exits.training["heldout"].items():
+        log(f"exit {layer}: held-out agreement with the constrained target {stats['agreement']:.3f}")
+    save_exits(exits, out, target)
+    log(f"wrote {out}")
+    return exits.training
+
+
 def seed_range(text: str, flag: str = "--eval-worlds") -> range:
     first, _, last = text.partition("-")
     try:

@@ -139,3 +139,31 @@ def test_a_navigation_round_0_is_checked_naming_the_field(vlm, frames, halves):
     later = DraftRequest("bad", 1, [], len(prompt), [], [], [], task=NAV_TASK)
     with pytest.raises(DraftError, match=r"^task: only round 0 names the task"):
         later.check(target.vocab_size)
+
+
+def test_a_task_serves_its_own_exits_which_must_cover_the_verifiers_layers(vlm, frames):
+    """A nav request's early outcomes are read with the task's exits (trained on its model), a plain
+    request's with the verifier's; task exits without one of the verifier's layers are refused."""
+    from edge_llm_ros.core.exits import build_exits
+
+    adapter, target, _ = vlm
+    plain_exits = build_exits(target, [0], bottleneck=8, seed=1)
+    task_exits = build_exits(adapter.attach(target, "target"), [0], bottleneck=8, seed=2)
+    read = []
+    for name, exits in (("plain", plain_exits), ("task", task_exits)):
+        original = exits.exit_logits
+        exits.exit_logits = lambda *args, name=name, original=original, **kw: read.append(name) or original(*args, **kw)
+    verifier = EarlyExitVerifier(target, plain_exits, eos_ids=[target.tokenizer.eos_token_id],
+                                 tasks={NAV_TASK: nav_task(adapter, target, exits=task_exits)})
+    prompt = adapter.prompt_ids(target.tokenizer, INSTRUCTION)
+    features = adapter.features(frames[0]).flatten().tolist()
+    nav = DraftRequest("nav", 0, prompt, len(prompt), [5], [-1], [1.0], task=NAV_TASK, image_features=features)
+    early = [o for o in verifier.verify_all(nav) if not o.final]
+    assert early and read == ["task"] * len(early)
+    read.clear()
+    plain = DraftRequest("plain", 0, prompt, len(prompt), [5], [-1], [1.0])
+    early = [o for o in verifier.verify_all(plain) if not o.final]
+    assert early and read == ["plain"] * len(early)
+    with pytest.raises(ValueError, match=r"task 'nav': its exits have no exit at layers \[0\]"):
+        elsewhere = type("Exits", (), {"layers": (5,)})()  # exits of a deeper model: none at layer 0
+        EarlyExitVerifier(target, plain_exits, tasks={NAV_TASK: nav_task(adapter, target, exits=elsewhere)})

@@ -185,6 +185,32 @@ def test_train_nav_refuses_bad_options_before_loading_anything():
     assert main(["nav", "--worlds", "0"]) == 2
     assert main(["nav", "--eval-worlds", "9-3"]) == 2
     assert main(["nav", "--eval-worlds", "x"]) == 2
+    assert main(["nav-exits", "--worlds", "0"]) == 2
+    assert main(["nav-exits", "--layers", "4,x"]) == 2
+    assert main(["nav-exits", "--perturb", "-1"]) == 2
+
+
+def test_nav_exits_learn_the_constrained_targets_answers_frame_by_frame(vlm):
+    """nav_exit_features: a row per answer token and EOS, the teacher's top-1 the constrained
+    target's argmax; train_nav_exits: exits over the tokens the teacher used, EOS among them."""
+    from edge_llm_ros.core.exits import ExitTrainConfig
+    from edge_llm_ros.core.nav import vlm_training as vt
+    from edge_llm_ros.core.nav.camera import Camera
+    from edge_llm_ros.core.nav.navigator import answer_grammar
+
+    adapter, target, _ = vlm
+    samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + 1), Camera(), perturb=0)[:6]
+    grammar = answer_grammar(target.tokenizer, target.vocab_size)
+    features = vt.nav_exit_features(adapter, target, samples, [0], grammar, batch_size=4, top_k=4)
+    answers = [vt.answer_tokens(target.tokenizer, s.answer)[0] + [target.tokenizer.eos_token_id] for s in samples]
+    assert len(features) == sum(len(a) for a in answers) and features.hidden[0].shape[1] == 32
+    assert (features.teacher_ids[:, 0].long() == features.greedy).all()
+    for row, greedy in enumerate(features.greedy[: len(answers[0])].tolist()):  # allowed by the grammar there
+        assert grammar.allowed(answers[0][:row])[greedy]
+    exits, result = vt.train_nav_exits(adapter, target, samples[:4], samples[4:], [0], bottleneck=8,
+                                       config=ExitTrainConfig(epochs=1, batch_positions=64), progress=False)
+    assert exits.layers == (0,) and target.tokenizer.eos_token_id in exits.vocab_ids.tolist()
+    assert result.steps >= 1 and exits.training["heldout"]["0"]["positions"] > 0
 
 
 def test_the_confidence_is_the_constrained_targets_probability_of_the_action_line(vlm, frames):

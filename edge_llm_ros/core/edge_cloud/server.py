@@ -59,12 +59,15 @@ class VerifierTask:
     ``condition(model, image_features)``: the request's view, conditioned on the image its round 0
     carries; raises ValueError for features it cannot read (None: the task reads no image).
     ``example``: a round 0 of the task that :meth:`EarlyExitVerifier.warm_up` verifies once, so
-    that torch's slow first passes through the task's model are not a robot's first request."""
+    that torch's slow first passes through the task's model are not a robot's first request.
+    ``exits``: the task's own early exits, trained on its model (every exit layer the verifier
+    uses; None: the verifier's, trained on the plain target)."""
 
     model: TorchCausalLM
     grammar: TokenGrammar | None = None
     condition: Callable[[TorchCausalLM, list[float]], TorchCausalLM] | None = None
     example: DraftRequest | None = None
+    exits: ExitSet | None = None
 
 
 @dataclass
@@ -74,6 +77,7 @@ class _ServedRequest:
     model: TorchCausalLM  # the target, or its task's view conditioned on the request's image
     prompt_len: int = 0
     grammar: TokenGrammar | None = None
+    exits: ExitSet | None = None  # the task's own, else the verifier's
     round: int = 0  # the round expected next
     generator: torch.Generator | None = None  # sampled verification, seeded by the first sampled draft
     busy: bool = False
@@ -140,7 +144,6 @@ class EarlyExitVerifier:
         if any(not target.layer_ids[0] <= layer < last for layer in chosen):
             raise ValueError(f"exit layers must lie before the target's last layer {last}, got {list(chosen)}")
         self.target, self.exits, self.exit_layers = target, exits, chosen
-        self.vocab_ids = exits.vocab_ids if exits is not None else None
         self.min_confidence, self.max_requests = min_confidence, max_requests
         self.final_layer = last
         self.eos_ids = frozenset(int(t) for t in eos_ids)
@@ -149,6 +152,10 @@ class EarlyExitVerifier:
             if not name or task.model.layer_ids != target.layer_ids:
                 raise ValueError(f"task {name!r}: a task has a name and a view of the target's layers "
                                  f"{list(target.layer_ids)}")
+            lacking = [layer for layer in chosen if task.exits is not None and layer not in task.exits.layers]
+            if lacking:
+                raise ValueError(f"task {name!r}: its exits have no exit at layers {lacking} (they are at "
+                                 f"{list(task.exits.layers)}; the verifier exits at {list(chosen)})")
         self.stats = VerifierStats()
         self._requests: dict[str, _ServedRequest] = {}
 
@@ -176,13 +183,16 @@ class EarlyExitVerifier:
         if len(self._requests) >= self.max_requests:
             raise RequestLimitError(f"busy: the verifier is serving {len(self._requests)} of max_requests="
                                     f"{self.max_requests} requests; retry when one ends")
-        model, grammar = self._model(task, image_features)
+        model, task_of = self._model(task, image_features)
         cache = model.new_cache(len(prompt) + 64)
         with torch.inference_mode():
             prefill(model, cache, prompt)
-        self._requests[request_id] = _ServedRequest(prompt, cache, model, len(prompt), grammar)
+        exits = task_of.exits if task_of is not None and task_of.exits is not None else self.exits
+        self._requests[request_id] = _ServedRequest(prompt, cache, model, len(prompt),
+                                                    task_of.grammar if task_of is not None else None, exits=exits)
 
-    def _model(self, name: str, image_features: Sequence[float]) -> tuple[TorchCausalLM, TokenGrammar | None]:
+    def _model(self, name: str, image_features: Sequence[float]) -> tuple[TorchCausalLM, VerifierTask | None]:
+        """The request's model (conditioned on its image) and its task (None: the plain target)."""
         if not name:
             if image_features:
                 raise DraftError("image_features", "an image needs a task that reads it (task is empty)")
@@ -194,11 +204,11 @@ class EarlyExitVerifier:
         if task.condition is None:
             if image_features:
                 raise DraftError("image_features", f"task {name!r} reads no image")
-            return task.model, task.grammar
+            return task.model, task
         if not image_features:
             raise DraftError("image_features", f"task {name!r} needs the frame's image features in round 0")
         try:
-            return task.condition(task.model, list(image_features)), task.grammar
+            return task.condition(task.model, list(image_features)), task
         except ValueError as exc:
             raise DraftError("image_features", str(exc)) from None
 
@@ -321,7 +331,7 @@ class EarlyExitVerifier:
         for layer in cache.layers:
             hidden = self._layer(state.model, layer, hidden, rope, mask, cache)
             if layer in exits:
-                outcome = self._exit_outcome(state.model, draft, tree, layer, hidden[0, rows:], allowed)
+                outcome = self._exit_outcome(state, draft, tree, layer, hidden[0, rows:], allowed)
                 hypotheses[layer] = outcome.hypothesis
                 if outcome.hypothesis in sent or outcome.confidence < self.min_confidence:
                     self.stats.suppressed[layer] += 1
@@ -363,11 +373,11 @@ class EarlyExitVerifier:
         return model.decoder_layer(layer, hidden, rope, mask, cache)
 
     @torch.inference_mode()
-    def _exit_outcome(self, model: TorchCausalLM, draft: DraftRequest, tree: TokenTree, layer: int,
+    def _exit_outcome(self, state: _ServedRequest, draft: DraftRequest, tree: TokenTree, layer: int,
                       hidden: torch.Tensor, allowed: torch.Tensor | None) -> VerifyOutcome:
         """EE Eq. 5: greedy verification of the tree with exit ``layer``'s logits z^(l) = LMHead(a_l(h^(l)))
-        (constrained as the final layer's, if the request has a grammar)."""
-        logits = self.exits.exit_logits(model, layer, hidden, self.vocab_ids)  # [T, V]
+        (the request's exits; constrained as the final layer's, if the request has a grammar)."""
+        logits = state.exits.exit_logits(state.model, layer, hidden, state.exits.vocab_ids)  # [T, V]
         if allowed is not None:
             logits = constrain(logits, allowed)
         result = verify_greedy(tree, logits)

@@ -37,6 +37,7 @@ from ..constraint import TokenGrammar
 from ..decoding import generate_all
 from ..drafters import ModelDrafter, TreeSpec
 from ..edge_cloud import EDGE_MODES, DraftRequest, FinalStep, VerifierTask, VerifyOutcome
+from ..exits import ExitSet
 from ..models import TorchCausalLM
 from ..sampling import Sampler
 from .actions import ACTION_PREFIX, ANSWER, Magnitudes, NavCommand, parse_or_stop
@@ -61,17 +62,29 @@ def answer_vocabulary(grammar: TokenGrammar) -> list[int]:
     return [*grammar.candidates, *grammar.eos_ids]
 
 
-def nav_task(adapter: NavAdapter, target: TorchCausalLM, grammar: TokenGrammar | None = None) -> VerifierTask:
+def nav_exits(adapter: NavAdapter, target: TorchCausalLM) -> ExitSet | None:
+    """The navigation task's own early exits, if its adapter's folder holds them (``exits/``, made
+    by ``edge-llm-ros train nav-exits``); None otherwise."""
+    from ..exits import load_exits
+
+    folder = adapter.folder / "exits" if adapter.folder is not None else None
+    return load_exits(target, folder) if folder is not None and (folder / "config.json").is_file() else None
+
+
+def nav_task(adapter: NavAdapter, target: TorchCausalLM, grammar: TokenGrammar | None = None,
+             exits: ExitSet | None = None) -> VerifierTask:
     """The server's half of an edge-cloud navigator: ``target`` with the adapter (its LoRA merged,
     scoring the answer's vocabulary), conditioned per request on the image features round 0
-    carries, and constrained to the action grammar."""
+    carries, and constrained to the action grammar; ``exits``: the task's own (:func:`nav_exits`),
+    or None for the verifier's."""
     grammar = grammar or answer_grammar(target.tokenizer, target.vocab_size)
     model = adapter.attach(target, "target").with_vocabulary(answer_vocabulary(grammar))
     prompt = adapter.prompt_ids(target.tokenizer, "go to the red chair")
     blank = adapter.features(np.zeros((adapter.config.height, adapter.config.width, 3), np.uint8))
     example = DraftRequest("warm-up", 0, prompt, len(prompt), [], [], [], early_exits=False, task=NAV_TASK,
                            image_features=blank.flatten().tolist())
-    return VerifierTask(model, grammar, lambda lm, features: adapter.condition_on(lm, features, "target"), example)
+    return VerifierTask(model, grammar, lambda lm, features: adapter.condition_on(lm, features, "target"), example,
+                        exits)
 
 
 @dataclass

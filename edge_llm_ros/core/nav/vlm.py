@@ -129,6 +129,7 @@ class NavAdapter(nn.Module):
         self.config = config or AdapterConfig()
         self.identity = identity or {}
         self.training_info = training or {}
+        self.folder: Path | None = None  # where it was loaded from (its task exits live there too)
         self.encoder = VisionEncoder(self.config.channels)
         self.projectors = nn.ModuleDict({
             name: nn.Sequential(nn.Linear(self.config.channels, width), nn.GELU(), nn.Linear(width, width))
@@ -246,6 +247,7 @@ class NavAdapter(nn.Module):
         if target is not None:
             check_identity(adapter.identity, target, folder)
         adapter.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+        adapter.folder = folder
         return adapter.eval()
 
 

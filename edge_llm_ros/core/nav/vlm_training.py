@@ -333,3 +333,81 @@ def closed_loop(navigator, camera: Camera, seeds: Sequence[int], target: str = "
         policy = lambda w, pose: navigator.decide(camera.render(w, pose), instruction).command  # noqa: E731
         episodes[seed] = rollout(world, policy, max_steps=max_steps)
     return episodes
+
+
+# -- the verifier's early exits for the navigation task ----------------------------------------------
+
+
+@torch.inference_mode()
+def nav_exit_features(adapter: NavAdapter, target: TorchCausalLM, samples: Sequence[Sample], layers: Sequence[int],
+                      grammar, batch_size: int = 16, top_k: int = 8,
+                      progress: Callable[[int], None] | None = None):
+    """core/exits.ExitFeatures of the navigation task (the adapter's target, conditioned on each
+    sample's frame): decoder layers ``layers``' outputs at every position predicting an answer token
+    (the teacher's answer and EOS, teacher-forced), and what an exit should say there: the
+    constrained target's distribution (``grammar`` after the answer so far; its top ``top_k``) and
+    its argmax. Positions where the grammar refuses the answer's token are left out."""
+    from ..constraint import constrain
+    from ..exits import ExitFeatures
+
+    model = adapter.attach(target, "target")
+    tokenizer = target.tokenizer
+    hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    ids, probs, greedy = [], [], []
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start: start + batch_size]
+        batch = make_batch(adapter, tokenizer, chunk)
+        out = model.hf.model(inputs_embeds=embeddings(model, adapter, batch, "target"), output_hidden_states=True,
+                             use_cache=False)
+        for b, s in enumerate(chunk):
+            prompt = adapter.prompt_ids(tokenizer, s.instruction)
+            answer = answer_tokens(tokenizer, s.answer)[0] + [tokenizer.eos_token_id]
+            rows = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(answer))
+            allowed = torch.stack([grammar.allowed(answer[:j]) for j in range(len(answer))])  # [A, V]
+            keep = allowed[torch.arange(len(answer)), torch.tensor(answer)]
+            logits = constrain(model.hf.lm_head(out.last_hidden_state[b, rows]).float(), allowed)[keep]
+            p = torch.softmax(logits, -1)
+            top = p.topk(top_k, -1)
+            ids.append(top.indices.to(torch.int32))
+            probs.append((top.values / top.values.sum(-1, keepdim=True)).to(torch.float16))
+            greedy.append(logits.argmax(-1))
+            for layer in layers:  # hidden_states[i + 1]: decoder layer i's output
+                hidden[layer].append(out.hidden_states[layer + 1][b, rows][keep].to(torch.float16))
+        if progress is not None:
+            progress(len(chunk))
+    return ExitFeatures({layer: torch.cat(h) for layer, h in hidden.items()}, torch.cat(ids), torch.cat(probs),
+                        torch.cat(greedy))
+
+
+NAV_EXIT_LAYERS = (4, 8, 16, 24)  # the shipped text exits' layers: every verifier_node exit setting finds its own
+NAV_EXITS_DIR = "exits"  # inside the adapter's folder (core/nav/navigator.nav_exits reads it)
+
+
+def train_nav_exits(adapter: NavAdapter, target: TorchCausalLM, samples: Sequence[Sample],
+                    heldout: Sequence[Sample], layers: Sequence[int] = NAV_EXIT_LAYERS, bottleneck: int = 256,
+                    config=None, progress: bool = True, log: Callable[[str], None] | None = None):
+    """Early exits for the navigation task (EE §3: KD of the final distribution into each exit, the
+    model frozen), on the adapter's target conditioned on each frame and constrained to the answer
+    grammar: (the ExitSet, core/exits.train_exits' result). Their vocabulary is every token the
+    constrained target puts in its top-k over the training answers, and EOS."""
+    from ..exits import ExitTrainConfig, build_exits, train_exits
+    from .navigator import answer_grammar
+
+    grammar = answer_grammar(target.tokenizer, target.vocab_size)
+    grammar.warm()
+    model = adapter.attach(target, "target")
+    features = nav_exit_features(adapter, target, samples, layers, grammar)
+    held = nav_exit_features(adapter, target, heldout, layers, grammar)
+    vocab = torch.unique(torch.cat([features.teacher_ids.flatten().long(),
+                                    torch.tensor([target.tokenizer.eos_token_id])]))
+    if log:
+        log(f"{len(features)} answer positions from {len(samples)} frames ({len(held)} held out); "
+            f"exit vocabulary {len(vocab)} tokens")
+    exits = build_exits(model, layers, bottleneck, vocab_ids=vocab, name="smollm2-nav")
+    result = train_exits(model, exits, features, config or ExitTrainConfig(epochs=6, batch_positions=512),
+                         heldout=held, progress=progress, log=log)
+    exits.training = {"frames": len(samples), "positions": len(features), "heldout_frames": len(heldout),
+                      "steps": result.steps, "train_s": round(result.train_s, 1),
+                      "heldout": {str(layer): {k: round(v, 4) for k, v in stats.items()}
+                                  for layer, stats in result.evals[-1]["exits"].items()} if result.evals else {}}
+    return exits, result
