@@ -8,7 +8,9 @@ navigator_node (frames + instruction -> NavAction through the VLM) and go2_bridg
 
 `deployment:=edge_cloud` also starts verifier_node (the server: SmolLM2 + the navigation adapter,
 task nav) and the navigator keeps only the draft, over an emulated 50 ms RTT link (both in the
-params file); `robot` (the default) runs the whole VLM in the navigator.
+params file); `deployment:=pipeline` starts two stage_nodes instead (SmolLM2's layers 0-14 and
+15-29, each with the adapter's share, task nav) and the navigator drives them as D0 (mode ar,
+chunk_pp or flowspec); `robot` (the default) runs the whole VLM in the navigator.
 
 Parameters live in config/go2_sim.yaml; every one of them is a launch argument (one shared by
 two nodes, such as max_frame_age_s, sets both). The navigator is a lifecycle node (it loads the
@@ -27,16 +29,20 @@ NODES = [
      "required": False, "respawn": True, "respawn_delay": 1.0},
     {"executable": "verifier_node", "name": "verifier_node", "namespace": "edge_llm", "lifecycle": True,
      "required": False, "respawn": True, "respawn_delay": 1.0},
+    *({"executable": "stage_node", "name": f"stage_{i}", "namespace": "edge_llm", "lifecycle": True,
+       "required": False, "respawn": True, "respawn_delay": 1.0} for i in range(2)),
 ]
-DEPLOYMENTS = ("robot", "edge_cloud")
+DEPLOYMENTS = {"robot": (), "edge_cloud": ("verifier_node",), "pipeline": ("stage_0", "stage_1")}
+SERVERS = {name for names in DEPLOYMENTS.values() for name in names}
 
 
 def select_nodes(arguments: dict[str, str]) -> list[str]:
-    """Every node but the verifier, which `deployment:=edge_cloud` adds; ValueError for another deployment."""
+    """sim, bridge and navigator, and the deployment's servers: the verifier (`deployment:=edge_cloud`)
+    or the stages (`pipeline`); ValueError for another deployment."""
     deployment = arguments.get("deployment", "robot")
     if deployment not in DEPLOYMENTS:
         raise ValueError(f"deployment:={deployment}: must be one of {' | '.join(DEPLOYMENTS)}")
-    return [n["name"] for n in NODES if n["name"] != "verifier_node" or deployment == "edge_cloud"]
+    return [n["name"] for n in NODES if n["name"] not in SERVERS or n["name"] in DEPLOYMENTS[deployment]]
 
 
 def generate_launch_description():
@@ -52,6 +58,7 @@ def generate_launch_description():
     return LaunchDescription([
         DeclareLaunchArgument("deployment", default_value="robot",
                               description="robot: the VLM in the navigator; edge_cloud: the draft there, the "
-                                          "target on verifier_node"),
+                                          "target on verifier_node; pipeline: the draft there, the target's "
+                                          "layers on two stage_nodes"),
         OpaqueFunction(function=nodes),
     ])

@@ -85,7 +85,7 @@ def test_a_lap_of_the_naive_pipeline_costs_its_three_hops(tiny):
     link = Link(0.005, 100e6)
     costs = CostModel(stage_s=lambda stage, rows, cached: 0.0, row_bytes=128, link=link, message_s=0.001)
     timeline = bp.simulate_one(tiny, "ar", PROMPTS[0], 6, costs)
-    lap = 3 * (0.005 + 0.001) + link.serialization_s(8 + 128 + 8)  # ids in, hidden states, the argmax out
+    lap = 3 * (0.005 + 0.001) + link.serialization_s(8 + 128 + 12)  # ids in, hidden states, argmax + its p out
     assert timeline.tokens_per_s == pytest.approx(1 / lap)
 
 

@@ -19,11 +19,15 @@ token limit ends it first). Knows nothing about ROS.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
+
+
+MAX_STATES = 100_000  # states numbered (TokenGrammar.reachable) and masks made by warm() at most
 
 
 class CharAutomaton(Protocol):
@@ -126,6 +130,8 @@ class TokenGrammar:
         if self.start is None:
             raise ValueError(f"start_text {start_text[:80]!r} is not the beginning of a sentence of the grammar")
         self._states: dict[tuple[int, ...], Hashable | None] = {(): self.start}
+        self._reachable: list[Hashable] | None = None
+        self._state_ids: dict[Hashable, int] = {}
 
     @classmethod
     def for_tokenizer(cls, automaton: CharAutomaton, tokenizer, vocab_size: int,
@@ -174,18 +180,48 @@ class TokenGrammar:
             self._masks[state] = allowed
         return self._masks[state]
 
-    def warm(self, max_states: int = 100_000) -> int:
-        """Make the mask of every state reachable from the start (character by character over the
-        automaton's alphabet, at most ``max_states``); returns how many masks the grammar holds."""
-        seen, frontier = {self.start}, [self.start]
-        while frontier and len(seen) < max_states:
-            state = frontier.pop()
+    def reachable(self) -> list[Hashable]:
+        """Every state reachable from the automaton's start, character by character, breadth first
+        over the sorted alphabet (at most MAX_STATES): the same list in every process that builds
+        the same automaton, so an index into it names a state on the wire."""
+        if self._reachable is None:
+            order, seen = [], {self.automaton.start}
+            frontier = collections.deque([self.automaton.start])
+            alphabet = sorted(self.automaton.alphabet)
+            while frontier and len(order) < MAX_STATES:
+                state = frontier.popleft()
+                order.append(state)
+                for ch in alphabet:
+                    after = self.automaton.step(state, ch)
+                    if after is not None and after not in seen:
+                        seen.add(after)
+                        frontier.append(after)
+            self._reachable = order
+            self._state_ids = {state: i for i, state in enumerate(order)}
+        return self._reachable
+
+    def state_id(self, state: Hashable | None) -> int:
+        """``state``'s index in :meth:`reachable` (-1: the dead state); what a pipeline row carries
+        so that the last stage masks it (:meth:`mask_of`)."""
+        if state is None:
+            return -1
+        self.reachable()
+        if state not in self._state_ids:
+            raise ValueError(f"state {state!r} is beyond the first {len(self._reachable)} reachable states")
+        return self._state_ids[state]
+
+    def mask_of(self, state_id: int) -> torch.Tensor:
+        """The mask of the state numbered ``state_id`` (:meth:`state_id`; -1: the dead state)."""
+        states = self.reachable()
+        if not -1 <= state_id < len(states):
+            raise ValueError(f"grammar state {state_id} is not one of the {len(states)} numbered states")
+        return self.mask(None if state_id < 0 else states[state_id])
+
+    def warm(self, max_states: int = MAX_STATES) -> int:
+        """Make the mask of every state reachable from the start (:meth:`reachable`, the first
+        ``max_states``); returns how many masks the grammar holds."""
+        for state in self.reachable()[:max_states]:
             self.mask(state)
-            for ch in self.automaton.alphabet:
-                after = self.automaton.step(state, ch)
-                if after is not None and after not in seen:
-                    seen.add(after)
-                    frontier.append(after)
         return len(self._masks)
 
     def allowed(self, generated: Sequence[int]) -> torch.Tensor:

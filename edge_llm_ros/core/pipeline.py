@@ -28,16 +28,23 @@ while decoding), ALR = tokens per SD round.
 
 Rows cross stages in order on one topic, prunes on another; a Rows carries ``after_prune``, the
 step of the last prune sent before it, so a stage runs it only once that prune is applied.
-Knows nothing about ROS.
+
+A request of a task (``task``, ``grammar``, ``image``: the navigator's, core/nav/navigator.py)
+drafts under the grammar and sends each row's grammar state with it (Rows.states), so the last
+stage answers with the constrained target's choice; the answer carries the target's probability
+of each choice, and ``token_probs`` keeps those of the committed tokens (the navigator's
+confidence). Knows nothing about ROS.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from .constraint import TokenGrammar
 from .drafters import Drafter, TreeSpec
 from .sampling import Sampler
 from .stages import Prune, Rows, prune_rows
@@ -49,13 +56,23 @@ PIPELINE_MODES = (*LOSSLESS_PIPELINE_MODES, "outline")  # outline: core/outline.
 
 @dataclass
 class Output:
-    """The last stage's answer: the target's greedy token after each of the rows it ran."""
+    """The last stage's answer: the target's greedy token after each of the rows it ran, and the
+    target's probability of it (None: not sent)."""
 
     request_id: str
     step: int
     prefix_len: int
     first_row: int
     choices: list[int]
+    probs: list[float] | None = None
+
+
+def greedy_choices(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """What the last stage answers for its rows' logits [T, V]: the target's greedy token after each
+    row and the target's probability of it."""
+    probs = torch.softmax(logits.float(), -1)
+    best = probs.max(-1)
+    return best.indices.tolist(), best.values.tolist()
 
 
 @dataclass
@@ -72,7 +89,8 @@ class Scheduler:
     mode = ""
 
     def __init__(self, request_id: str, prompt: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
-                 prefill_chunks: Sequence[int] = (), fork_from: str = "", cached: int = 0) -> None:
+                 prefill_chunks: Sequence[int] = (), fork_from: str = "", cached: int = 0, task: str = "",
+                 grammar: TokenGrammar | None = None, image: torch.Tensor | None = None) -> None:
         if not prompt:
             raise ValueError("prompt is empty")
         if not 0 <= cached < len(prompt) or bool(cached) != bool(fork_from):
@@ -86,6 +104,8 @@ class Scheduler:
         self.fork_from, self.cached = fork_from, cached
         self.max_new_tokens, self.eos = max_new_tokens, tuple(eos)
         self.generated: list[int] = []
+        self.token_probs: list[float] = []  # the target's probability of each generated token (nan: not sent)
+        self.task, self.grammar, self.image = task, grammar, image
         self.step = 1  # the next message's step (rows and prunes share the counter; 0 = "no prune")
         self.last_prune = 0  # step of the last prune sent (0: none)
         self.prunes: list[Prune] = []  # sent, to renumber answers that were on their way
@@ -122,9 +142,11 @@ class Scheduler:
             self.step += 1
             self.last_prune = fork.step
             actions.prunes.append(fork)
-        for size in self.chunks:
+        for i, size in enumerate(self.chunks):
             ids = self.prompt[at:at + size]
-            actions.inject.append(self.rows(torch.tensor(ids), torch.arange(at, at + size), at))
+            # the prompt's last row chooses the first token: the grammar's start state masks it
+            states = self.states([None] * (size - 1) + [[] if i == len(self.chunks) - 1 else None])
+            actions.inject.append(self.rows(torch.tensor(ids), torch.arange(at, at + size), at, states=states))
             at += size
         return actions
 
@@ -135,15 +157,17 @@ class Scheduler:
         rows = self.renumbered(out)
         if rows is None:  # every row of it was pruned on the way
             return actions
+        probs = ([float(out.probs[i]) for i in rows.positions.tolist()] if out.probs is not None
+                 else [math.nan] * len(rows))
         if self.prefilling:
             self.prefilling -= 1
             if not self.prefilling:  # the prompt's last row: the first token
-                self.commit([int(rows.data[-1])], actions)
+                self.commit([int(rows.data[-1])], actions, probs[-1:])
                 if not self.finished:
                     self.begin(actions)
             return actions
         self.turns += 1
-        self.decode(rows, actions, out.step)
+        self.decode(rows, actions, out.step, probs)
         self.per_turn.append(len(actions.tokens))
         return actions
 
@@ -153,16 +177,32 @@ class Scheduler:
         """Decoding starts: the first token is committed (the root of the first round)."""
         raise NotImplementedError
 
-    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+    def decode(self, rows: Rows, actions: Actions, step: int, probs: list[float]) -> None:
         """An answer while decoding to the rows sent at ``step``: ``rows.data`` holds the target's
-        choices, the rows renumbered to now."""
+        choices, the rows renumbered to now, ``probs`` the target's probability of each."""
         raise NotImplementedError
 
     def rows(self, ids: torch.Tensor, positions: torch.Tensor, prefix_len: int, first_row: int = 0,
-             visible: torch.Tensor | None = None) -> Rows:
-        rows = Rows(self.request_id, self.step, prefix_len, first_row, positions, ids, visible, self.last_prune)
+             visible: torch.Tensor | None = None, states: torch.Tensor | None = None) -> Rows:
+        """The next message's rows; the request's task with every message, its image with the first."""
+        rows = Rows(self.request_id, self.step, prefix_len, first_row, positions, ids, visible, self.last_prune,
+                    self.task, states, self.image if self.step == 1 else None)
         self.step += 1
         return rows
+
+    def states(self, paths: Sequence[Sequence[int] | None]) -> torch.Tensor | None:
+        """Each row's grammar state for the last stage's mask (None: no grammar): after the generated
+        tokens and the row's draft path (its token included, the committed root's not); a None path:
+        a row whose choice is not used (-1, unmasked)."""
+        if self.grammar is None:
+            return None
+        g = self.grammar
+        return torch.tensor([-1 if path is None else g.state_id(g.state_after([*self.generated, *path]))
+                             for path in paths], dtype=torch.long)
+
+    def constrained(self, spec: TreeSpec) -> TreeSpec:
+        """``spec`` masked by the grammar after the generated tokens (drafts stay in the grammar)."""
+        return spec if self.grammar is None else spec.constrained(self.grammar.bind(self.generated))
 
     def prune(self, prefix_len: int, keep: Sequence[int], committed: int, actions: Actions) -> Prune:
         prune = Prune(self.request_id, self.step, prefix_len, tuple(keep), committed)
@@ -173,8 +213,9 @@ class Scheduler:
         return prune
 
     def renumbered(self, out: Output) -> Rows | None:
-        """The answer's rows after every prune sent since they left (None: all pruned)."""
-        rows = Rows(out.request_id, out.step, out.prefix_len, out.first_row, torch.zeros(len(out.choices)),
+        """The answer's rows after every prune sent since they left (None: all pruned); their
+        ``positions`` are their indices in the answer."""
+        rows = Rows(out.request_id, out.step, out.prefix_len, out.first_row, torch.arange(len(out.choices)),
                     torch.tensor(out.choices, dtype=torch.long))
         for prune in self.prunes:
             if prune.step > rows.step:
@@ -183,10 +224,11 @@ class Scheduler:
                     return None
         return rows
 
-    def commit(self, tokens: Sequence[int], actions: Actions) -> None:
-        """Append the target's tokens, up to the token limit or EOS."""
-        for token in tokens:
+    def commit(self, tokens: Sequence[int], actions: Actions, probs: Sequence[float]) -> None:
+        """Append the target's tokens (``probs``: its probability of each), up to the token limit or EOS."""
+        for token, p in zip(tokens, probs, strict=True):
             self.generated.append(int(token))
+            self.token_probs.append(float(p))
             actions.tokens.append(int(token))
             if token in self.eos or len(self.generated) >= self.max_new_tokens:
                 self.finished = actions.finished = "eos" if token in self.eos else "length"
@@ -201,14 +243,24 @@ class PipelineAR(Scheduler):
     def begin(self, actions: Actions) -> None:
         self.send_last(actions)
 
-    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
-        self.commit([int(rows.data[-1])], actions)
+    def decode(self, rows: Rows, actions: Actions, step: int, probs: list[float]) -> None:
+        self.commit([int(rows.data[-1])], actions, probs[-1:])
         if not self.finished:
             self.send_last(actions)
 
     def send_last(self, actions: Actions) -> None:
         at = len(self.context) - 1
-        actions.inject.append(self.rows(torch.tensor(self.context[-1:]), torch.tensor([at]), at))
+        actions.inject.append(self.rows(torch.tensor(self.context[-1:]), torch.tensor([at]), at,
+                                        states=self.states([[]])))
+
+
+def path_to(tokens: Sequence[int], parents: Sequence[int], node: int) -> list[int]:
+    """The tokens from the root's child down to ``node`` (the root, row 0, is committed already)."""
+    path = []
+    while node > 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def walk(tokens: Sequence[int], children: Sequence[Sequence[int]], choices: Sequence[int | None]) -> tuple[list[int], int]:
@@ -242,6 +294,7 @@ class ChunkPP(Scheduler):
         self.drafter, self.spec, self.chunk = drafter, spec, chunk
         self.tree: TokenTree | None = None
         self.choices: list[int | None] = []  # the target's token after each row of the round, as answered
+        self.probs: list[float] = []  # and its probability
         self.due = 0  # chunks of the round not answered yet
         self.round_prefix = 0
 
@@ -253,28 +306,33 @@ class ChunkPP(Scheduler):
         return self.round_prefix  # the last round's rows were run, but no prune kept them
 
     def draft(self, actions: Actions) -> None:
-        self.tree = tree = self.drafter.propose(self.context, self.spec, Sampler(0.0))
+        self.tree = tree = self.drafter.propose(self.context, self.constrained(self.spec), Sampler(0.0))
         self.rounds += 1
         at = self.round_prefix = len(self.context) - 1
         n = len(tree.tokens)
         size = self.chunk or n
         positions, visible = tree.position_ids(at), tree.ancestor_matrix()  # parents precede children
-        self.choices, self.due = [None] * n, -(-n // size)
+        states = self.states([path_to(tree.tokens, tree.parents, node) for node in range(n)])
+        self.choices, self.probs, self.due = [None] * n, [math.nan] * n, -(-n // size)
         for first in range(0, n, size):
             end = min(first + size, n)
             actions.inject.append(self.rows(torch.tensor(tree.tokens[first:end]), positions[first:end], at, first,
-                                            visible[first:end, :end]))
+                                            visible[first:end, :end],
+                                            None if states is None else states[first:end]))
 
-    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+    def decode(self, rows: Rows, actions: Actions, step: int, probs: list[float]) -> None:
         for offset, choice in enumerate(rows.data.tolist()):
             self.choices[rows.first_row + offset] = int(choice)
+            self.probs[rows.first_row + offset] = probs[offset]
         self.due -= 1
         if self.due:
             return
         tree = self.tree
         path, stop = walk(tree.tokens, tree.children, self.choices)
         at = len(self.context) - 1
-        self.commit([tree.tokens[n] for n in path] + [self.choices[stop]], actions)
+        # each committed token is the target's choice after the row before it on the path
+        self.commit([tree.tokens[n] for n in path] + [self.choices[stop]], actions,
+                    [self.probs[n] for n in [0, *path]])
         if not self.finished:
             self.prune(at, [0, *path], 1 + len(path), actions)
             self.draft(actions)
@@ -326,6 +384,7 @@ class FlowSpec(Scheduler):
         self.children: list[list[int]] = []
         self.depths: list[int] = []
         self.choices: list[int | None] = []
+        self.probs: list[float] = []  # the target's probability of each row's choice
         self.sent = 0  # rows [0, sent) were injected
         self.flying: dict[int, tuple[int, int]] = {}  # step -> (first row, rows) of answers still due
         self.prefix_len = 0
@@ -345,6 +404,7 @@ class FlowSpec(Scheduler):
         self.children.append([])
         self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
         self.choices.append(None)
+        self.probs.append(math.nan)
         if parent >= 0:
             self.children[parent].append(len(self.tokens) - 1)
         return len(self.tokens) - 1
@@ -374,6 +434,7 @@ class FlowSpec(Scheduler):
         self.parents = [new.get(self.parents[o], -1) for o in new]
         self.depths = [self.depths[o] - base for o in new]
         self.choices = [self.choices[o] for o in new]
+        self.probs = [self.probs[o] for o in new]
         self.children = [[new[c] for c in self.children[o] if c in new] for o in new]
         self.sent = sum(1 for o in new if o < self.sent)
         flying = {}
@@ -398,21 +459,23 @@ class FlowSpec(Scheduler):
         order, its segments sent back to back."""
         self.rounds += 1
         self.prefix_len = len(self.context) - 1
-        self.tokens, self.parents, self.children, self.depths, self.choices = [], [], [], [], []
+        self.tokens, self.parents, self.children, self.depths, self.choices, self.probs = [], [], [], [], [], []
         self.sent = 0
         self.add_row(-1, self.context[-1])
         shape = self.shape
-        self.merge(self.drafter.propose(self.context, shape.tree(shape.init_depth, shape.init_size), Sampler(0.0)),
-                   shape.init_size)
+        self.merge(self.drafter.propose(self.context, self.constrained(shape.tree(shape.init_depth, shape.init_size)),
+                                        Sampler(0.0)), shape.init_size)
         self.send(actions)
 
-    def decode(self, rows: Rows, actions: Actions, step: int) -> None:
+    def decode(self, rows: Rows, actions: Actions, step: int, probs: list[float]) -> None:
         for offset, choice in enumerate(rows.data.tolist()):
             self.choices[rows.first_row + offset] = int(choice)
+            self.probs[rows.first_row + offset] = probs[offset]
         self.flying.pop(step, None)
         path, stop = walk(self.tokens, self.children, self.choices)
         if self.choices[stop] is not None:  # the target's token is not in the tree: the round ends
-            self.commit([self.tokens[r] for r in path] + [self.choices[stop]], actions)
+            self.commit([self.tokens[r] for r in path] + [self.choices[stop]], actions,
+                        [self.probs[r] for r in [0, *path]])
             if not self.finished:
                 keep = [0, *path]
                 self.prune(self.prefix_len, keep, len(keep), actions)
@@ -421,7 +484,7 @@ class FlowSpec(Scheduler):
             return
         shape = self.shape
         if path:  # accepted up to `stop`, whose answer is pending: it is the new root (§III-C)
-            self.commit([self.tokens[r] for r in path], actions)
+            self.commit([self.tokens[r] for r in path], actions, [self.probs[r] for r in [0, *path[:-1]]])
             if self.finished:
                 return
             keep = [0, *path[:-1], *self.subtree(stop)]
@@ -429,12 +492,13 @@ class FlowSpec(Scheduler):
             self.prune(self.prefix_len, keep, committed, actions)
             self.prefix_len += committed
             self.keep_rows(keep, committed)
-            self.merge(self.drafter.propose(self.context, shape.tree(shape.expand_depth, shape.expand_size),
+            self.merge(self.drafter.propose(self.context, self.constrained(shape.tree(shape.expand_depth,
+                                                                                      shape.expand_size)),
                                             Sampler(0.0)), shape.expand_size)  # context-aware expansion
         elif shape.deeper_size:  # nothing new: grow the tree one level deeper (score-aware expansion)
             depth = max(self.depths) + shape.deeper_levels
-            self.merge(self.drafter.propose(self.context, shape.tree(depth, len(self.tokens) + shape.deeper_size),
-                                            Sampler(0.0)), shape.deeper_size)
+            self.merge(self.drafter.propose(self.context, self.constrained(shape.tree(
+                depth, len(self.tokens) + shape.deeper_size)), Sampler(0.0)), shape.deeper_size)
         self.send(actions)
 
     def send(self, actions: Actions) -> None:
@@ -447,8 +511,35 @@ class FlowSpec(Scheduler):
                 while node >= 0:
                     visible[r - first, node] = True
                     node = self.parents[node]
+            states = self.states([path_to(self.tokens, self.parents, r) for r in range(first, end)])
             rows = self.rows(torch.tensor(self.tokens[first:end]),
-                             torch.tensor(self.depths[first:end]) + self.prefix_len, self.prefix_len, first, visible)
+                             torch.tensor(self.depths[first:end]) + self.prefix_len, self.prefix_len, first, visible,
+                             states)
             self.flying[rows.step] = (first, end - first)
             self.sent = end
             actions.inject.append(rows)
+
+
+def make_scheduler(mode: str, request_id: str, prompt: list[int], drafter: Drafter | None, *, max_new_tokens: int,
+                   eos: Sequence[int], segment: int, in_flight: int, prefill_chunk: int, fork_from: str = "",
+                   cached: int = 0, shape: FlowSpecShape | None = None, **task) -> Scheduler:
+    """The core.pipeline scheduler of ``mode`` for one request: the prompt (its first ``cached``
+    tokens forked from request ``fork_from``) in chunks of ``prefill_chunk`` tokens (0: one chunk);
+    FlowSpec with ``segment`` rows a segment and up to ``in_flight`` segments on their way;
+    Chunk-PP sending FlowSpec's initial tree in chunks of ``segment`` rows (FlowSpec §V-A: one
+    setting for every method). ``shape``: the trees (a FlowSpecShape, whose segment and in_flight
+    these arguments replace; default: this CPU's). ``task``: a task's keywords (task, grammar,
+    image: see :class:`Scheduler`)."""
+    from dataclasses import replace
+
+    rest = len(prompt) - cached
+    size = prefill_chunk or rest
+    chunks = [min(size, rest - at) for at in range(0, rest, size)]
+    common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks, fork_from=fork_from, cached=cached,
+                  **task)
+    shape = replace(shape or FlowSpecShape(), segment=segment, in_flight=in_flight)
+    if mode == "flowspec":
+        return FlowSpec(request_id, prompt, drafter, shape, **common)
+    if mode == "chunk_pp":
+        return ChunkPP(request_id, prompt, drafter, shape.tree(shape.init_depth, shape.init_size), segment, **common)
+    return PipelineAR(request_id, prompt, **common)

@@ -27,13 +27,14 @@ Knows nothing about ROS.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .pipeline import Actions, Output, Scheduler
+from .pipeline import Actions, Output, Scheduler, greedy_choices
 from .stages import Rows, Stage
 
 
@@ -270,13 +271,12 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
                     continue  # rescheduled since
                 busy[i] += now - share(now, i).started
             if i + 1 < len(stages):
-                nxt = Rows(rows.request_id, rows.step, rows.prefix_len, rows.first_row, rows.positions, out,
-                           rows.visible, rows.after_prune)
+                nxt = dataclasses.replace(rows, data=out, image=None)  # the image is the first stage's
                 push(send(i, now, hop_bytes(nxt, i + 1)), "arrive", (i + 1, nxt))
             else:
-                choices = out.argmax(-1).tolist()
-                answer = Output(rows.request_id, rows.step, rows.prefix_len, rows.first_row, choices)
-                push(send(i, now, 8 * len(choices)), "answer", answer)
+                choices, probs = greedy_choices(out)
+                answer = Output(rows.request_id, rows.step, rows.prefix_len, rows.first_row, choices, probs)
+                push(send(i, now, 12 * len(choices)), "answer", answer)
             try_start(i, now)
         elif kind == "answer":
             d0(now, lambda answer=payload: scheduler.on_output(answer))

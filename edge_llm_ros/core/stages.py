@@ -30,6 +30,14 @@ arrive. Every Rows and every prune carries the scheduler's ``step`` (one counter
 prune of step s applies to rows of steps below s, and a pruned Rows takes the prune's step, so no
 prune is applied twice.
 
+Tasks (:class:`StageTask`): a request may name a task (Rows.task, on every message), which every
+stage runs with its own view of its layers (the navigator's: the adapter's LoRA merged). The first
+stage conditions that view on the image features the request's first rows carry (Rows.image); the
+last masks each row's logits with the grammar state D0 computed for it (Rows.states: the row's
+committed answer and draft path walked through the task's grammar, numbered as
+TokenGrammar.reachable numbers them), so its argmax is the constrained target's choice. A stage
+keeps each request's task and view until it releases the request.
+
 Loading (:func:`load_stage_model`): only the stage's own tensors are read from the safetensors
 file, into a model whose other modules stay on the meta device (no memory): a Jetson holds its
 share of the target, not the whole.
@@ -41,12 +49,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .constraint import TokenGrammar, constrain
 from .kv_cache import KVCache
 from .models import TorchCausalLM, causal_mask
 
@@ -77,6 +86,9 @@ class Rows:
     data: torch.Tensor  # [T] long token ids (into the first stage) or [T, E] hidden states
     visible: torch.Tensor | None = None  # bool [T, first_row + T]; None = causal
     after_prune: int = 0  # run only once the prune of this step is applied (0: none before them)
+    task: str = ""  # the request's task ('' the plain target): every stage runs its view (StageTask)
+    states: torch.Tensor | None = None  # [T] long: each row's grammar state for the last stage (-1: none)
+    image: torch.Tensor | None = None  # a task's image features, with the request's first rows (the first stage's)
 
     def __len__(self) -> int:
         return int(self.positions.shape[0])
@@ -93,6 +105,8 @@ class Rows:
                              f"({t}, first_row + rows = {self.first_row + t})")
         if self.prefix_len < 0 or self.first_row < 0:
             raise StageError(f"request {self.request_id}: negative prefix_len or first_row")
+        if self.states is not None and tuple(self.states.shape) != (t,):
+            raise StageError(f"request {self.request_id}: states is {tuple(self.states.shape)}, expected ({t},)")
 
 
 @dataclass(frozen=True)
@@ -130,8 +144,9 @@ def prune_rows(rows: Rows, prune: Prune) -> Rows | None:
     visible = None
     if rows.visible is not None:
         visible = rows.visible[mine][:, keep[prune.committed:]]
+    states = None if rows.states is None else rows.states[mine]
     return dataclasses.replace(rows, step=prune.step, prefix_len=prune.prefix_len + prune.committed, first_row=first,
-                               positions=rows.positions[mine], data=rows.data[mine], visible=visible)
+                               positions=rows.positions[mine], data=rows.data[mine], visible=visible, states=states)
 
 
 def additive_mask(rows: Rows, dtype: torch.dtype) -> torch.Tensor | None:
@@ -145,20 +160,37 @@ def additive_mask(rows: Rows, dtype: torch.dtype) -> torch.Tensor | None:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
+@dataclass(frozen=True)
+class StageTask:
+    """A task a stage serves besides the plain target (Rows.task names it): ``model``, this stage's
+    view of the target (an adapter's LoRA merged into its layers, a vocabulary view at the last);
+    ``condition(model, features)``, at the first stage, the view a request's image conditions (its
+    first rows carry the features); ``grammar``, at the last stage, masks each row's logits with the
+    grammar state the row carries (TokenGrammar.mask_of), so the target's choice is the constrained
+    one. Every stage must serve the same tasks."""
+
+    model: TorchCausalLM
+    condition: Callable[[TorchCausalLM, torch.Tensor], TorchCausalLM] | None = None
+    grammar: TokenGrammar | None = None
+
+
 class Stage:
     """One stage of the target: ``model``'s layers ``layers``; the first stage embeds token ids,
-    the last returns logits (``first``/``last`` as loaded by :func:`load_stage_model`)."""
+    the last returns logits (``first``/``last`` as loaded by :func:`load_stage_model`); ``tasks``:
+    the :class:`StageTask` s it serves besides the plain target."""
 
     def __init__(self, model: TorchCausalLM, layers: range, *, first: bool, last: bool,
-                 capacity: int = 256) -> None:
+                 capacity: int = 256, tasks: Mapping[str, StageTask] | None = None) -> None:
         if layers.start < 0 or layers.stop > model.config.num_hidden_layers or len(layers) == 0:
             raise StageError(f"layers {layers.start}-{layers.stop - 1} are not a range of the model's "
                              f"{model.config.num_hidden_layers} layers")
         self.model, self.layers, self.first, self.last = model, layers, first, last
         self.hidden_size = model.config.hidden_size
         self.capacity = capacity
+        self.tasks = dict(tasks or {})
         self.caches: dict[str, KVCache] = {}
         self.prunes: dict[str, deque[Prune]] = {}
+        self.requests: dict[str, tuple[str, TorchCausalLM]] = {}  # request -> (its task, the model it runs)
 
     def __repr__(self) -> str:
         ends = ("embedding + " if self.first else "") + f"layers {self.layers.start}-{self.layers.stop - 1}"
@@ -195,13 +227,51 @@ class Stage:
             raise StageError(f"request {rows.request_id}: rows of step {rows.step} expect "
                              f"{rows.prefix_len + rows.first_row} cached rows (prefix_len {rows.prefix_len} + "
                              f"first_row {rows.first_row}), {self!r} has {have}")
+        model = self._model(rows, new=cache is None)
         if cache is None:
-            cache = self.caches[rows.request_id] = self.model.new_cache(self.capacity, self.layers)
+            cache = self.caches[rows.request_id] = model.new_cache(self.capacity, self.layers)
         cache.ensure_capacity(have + len(rows))
-        hidden = self.model.embed(rows.data[None]) if self.first else rows.data[None].to(self.model.dtype)
-        out, _ = self.model.run_layers(hidden, rows.positions, additive_mask(rows, self.model.dtype), cache,
-                                       self.layers)
-        return self.model.head(out)[0] if self.last else out[0]
+        hidden = model.embed(rows.data[None]) if self.first else rows.data[None].to(model.dtype)
+        out, _ = model.run_layers(hidden, rows.positions, additive_mask(rows, model.dtype), cache, self.layers)
+        if not self.last:
+            return out[0]
+        logits = model.head(out)[0]
+        if rows.states is not None:
+            grammar = self.tasks[rows.task].grammar if rows.task else None
+            if grammar is None:
+                raise StageError(f"request {rows.request_id}: states: task {rows.task!r} has no grammar here")
+            for i, state in enumerate(rows.states.tolist()):
+                if state >= 0:
+                    logits[i] = constrain(logits[i], grammar.mask_of(state))
+        return logits
+
+    def _model(self, rows: Rows, new: bool) -> TorchCausalLM:
+        """The model a request's rows run through: the target, or its task's view (conditioned on the
+        image its first rows carry, at the first stage); StageError naming the field at fault."""
+        if not new:
+            task, model = self.requests.get(rows.request_id, ("", self.model))
+            if rows.task != task:
+                raise StageError(f"request {rows.request_id}: task: {rows.task!r}, the request runs {task!r}")
+            return model
+        if not rows.task:
+            if rows.image is not None:
+                raise StageError(f"request {rows.request_id}: image: an image needs a task")
+            return self.model
+        task = self.tasks.get(rows.task)
+        if task is None:
+            raise StageError(f"request {rows.request_id}: task: this stage serves no task {rows.task!r} "
+                             f"(tasks: {', '.join(map(repr, self.tasks)) or 'none'})")
+        model = task.model
+        if self.first and task.condition is not None:
+            if rows.image is None:
+                raise StageError(f"request {rows.request_id}: image: task {rows.task!r} needs the image features "
+                                 "with its first rows")
+            try:
+                model = task.condition(model, rows.image)
+            except ValueError as exc:
+                raise StageError(f"request {rows.request_id}: image: {exc}") from None
+        self.requests[rows.request_id] = (rows.task, model)
+        return model
 
     def _check_data(self, rows: Rows) -> None:
         if self.first:
@@ -241,6 +311,8 @@ class Stage:
                              f"{0 if held is None else held.length}")
         if request_id in self.caches:
             raise StageError(f"request {request_id}: already has a cache here; fork only a new request")
+        if source in self.requests:
+            self.requests[request_id] = self.requests[source]
         cache = self.caches[request_id] = self.model.new_cache(max(self.capacity, length), self.layers)
         cache.k[:, :, :, :length] = held.k[:, :, :, :length]
         cache.v[:, :, :, :length] = held.v[:, :, :, :length]
@@ -280,6 +352,7 @@ class Stage:
         """Forget a request's cache and prunes."""
         self.caches.pop(request_id, None)
         self.prunes.pop(request_id, None)
+        self.requests.pop(request_id, None)
 
 
 # -- the wire: HiddenStates.msg ---------------------------------------------------------------------
@@ -302,10 +375,16 @@ class StageMessage:
     shape: list[int]
     dtype: str
     data: bytes
+    task: str = ""
+    grammar_states: list[int] = dataclasses.field(default_factory=list)
+    image_features: list[float] = dataclasses.field(default_factory=list)
+    choice_probs: list[float] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def from_rows(cls, rows: Rows, stage: int, dtype: str | None = None) -> StageMessage:
-        """Rows for ``stage`` (hidden states sent as ``dtype``, default their own; token ids as int64)."""
+    def from_rows(cls, rows: Rows, stage: int, dtype: str | None = None,
+                  probs: Sequence[float] = ()) -> StageMessage:
+        """Rows for ``stage`` (hidden states sent as ``dtype``, default their own; token ids as int64);
+        ``probs``: the last stage's, with its choices."""
         import numpy as np
 
         tensor = rows.data.detach().contiguous()
@@ -314,14 +393,17 @@ class StageMessage:
         name = next(k for k, v in WIRE_DTYPES.items() if v == tensor.dtype)
         mask = b"" if rows.visible is None else np.packbits(rows.visible.numpy().astype(np.uint8)).tobytes()
         return cls(rows.request_id, rows.step, stage, rows.prefix_len, rows.first_row, rows.after_prune,
-                   rows.positions.tolist(), mask, list(tensor.shape), name, tensor.view(torch.uint8).numpy().tobytes())
+                   rows.positions.tolist(), mask, list(tensor.shape), name, tensor.view(torch.uint8).numpy().tobytes(),
+                   rows.task, [] if rows.states is None else rows.states.tolist(),
+                   [] if rows.image is None else rows.image.flatten().tolist(), [float(p) for p in probs])
 
     @classmethod
     def from_msg(cls, msg) -> StageMessage:
         """From a received HiddenStates (either runtime's field types)."""
         return cls(str(msg.request_id), int(msg.round), int(msg.stage), int(msg.prefix_len), int(msg.first_row),
                    int(msg.after_prune), [int(p) for p in msg.position_ids], bytes(msg.mask), [int(s) for s in msg.shape], str(msg.dtype),
-                   bytes(msg.data))
+                   bytes(msg.data), str(msg.task), [int(s) for s in msg.grammar_states],
+                   [float(v) for v in msg.image_features], [float(p) for p in msg.choice_probs])
 
     def fields(self) -> dict:
         """Keyword arguments for a HiddenStates message (byte fields as array('B'), which rclpy's
@@ -361,9 +443,24 @@ class StageMessage:
                                         f"({(t * cols + 7) // 8} expected)")
             bits = np.unpackbits(np.frombuffer(self.mask, dtype=np.uint8))[: t * cols]
             visible = torch.from_numpy(bits.reshape(t, cols).astype(bool))
+        states = None
+        if self.grammar_states:
+            if len(self.grammar_states) != t:
+                raise WireError("grammar_states", f"{len(self.grammar_states)} states for {t} rows")
+            if min(self.grammar_states) < -1:
+                raise WireError("grammar_states", f"a state is a number >= 0 (or -1: none), got "
+                                                  f"{min(self.grammar_states)}")
+            states = torch.tensor(self.grammar_states, dtype=torch.long)
+        image = None
+        if self.image_features:
+            image = torch.tensor(self.image_features, dtype=torch.float32)
+            if not bool(torch.isfinite(image).all()):
+                raise WireError("image_features", "must be finite")
+        if self.choice_probs and len(self.choice_probs) != t:
+            raise WireError("choice_probs", f"{len(self.choice_probs)} probabilities for {t} rows")
         return Rows(self.request_id, self.round, self.prefix_len, self.first_row,
                     torch.tensor(self.position_ids, dtype=torch.long),
-                    data if width is None else data.to(dtype), visible, self.after_prune)
+                    data if width is None else data.to(dtype), visible, self.after_prune, self.task, states, image)
 
 
 # -- loading only a stage's weights -----------------------------------------------------------------

@@ -173,3 +173,16 @@ def to_message(msg_cls, record):
 
 def _plain(value):
     return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value
+
+
+def nav_adapter_param(value: str, target):
+    """The navigation adapter a node's `nav_adapter` parameter names ('shipped' or a folder),
+    checked against ``target``; None for ''. ValueError naming the parameter."""
+    from edge_llm_ros.core.nav.vlm import NavAdapter
+
+    if not value:
+        return None
+    try:
+        return NavAdapter.load(None if value == "shipped" else value, target)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"parameter 'nav_adapter': {exc}") from None

@@ -284,7 +284,7 @@ class DraftNode(ManagedNode):
         """stream() through the stage pipeline: one Step per answer that commits tokens (outline: one
         per point)."""
         from edge_llm_ros.core.decoding import eos_ids
-        from edge_llm_ros.nodes.stage_client import pipeline_scheduler
+        from edge_llm_ros.core.pipeline import make_scheduler
 
         drafter = self.stage_drafter
         if drafter is None:
@@ -293,9 +293,9 @@ class DraftNode(ManagedNode):
         eos = eos_ids(self, config)
 
         def make(request_id, ids, max_new_tokens, mode=mode, **fork):
-            return pipeline_scheduler(mode, request_id, ids, drafter, max_new_tokens=max_new_tokens, eos=eos,
-                                      segment=p.segment, in_flight=p.in_flight or p.stages(),
-                                      prefill_chunk=p.prefill_chunk, **fork)
+            return make_scheduler(mode, request_id, ids, drafter, max_new_tokens=max_new_tokens, eos=eos,
+                                  segment=p.segment, in_flight=p.in_flight or p.stages(),
+                                  prefill_chunk=p.prefill_chunk, **fork)
 
         try:
             if mode == "outline":

@@ -17,6 +17,12 @@ adapter's vision encoder here and verifies on a verifier_node that serves task "
 with the prompt on `draft`, outcomes come back on `verify` (nodes/edge_link.py), in any edge mode
 (`ar`: cloud decoding, `sd`, `tree`, `fsd`, `ee`), with the same answers as on one device. A
 verifier that does not answer within `timeout_s`, or is gone, stops the robot with the reason.
+`pipeline` makes this node the draft side (FlowSpec's D0) of `stages` stage_nodes serving task
+"nav" (`nav_adapter` set on each): the prompt and the frame's features enter `stage_0/in`, the
+last stage's choices come back on `stage_<stages>/in` (nodes/stage_client.py), in mode `ar`,
+`chunk_pp` or `flowspec`, each row masked by the grammar state this node sends with it, so the
+answers are again the one-device answers. A stage that refuses, dies or does not answer within
+`timeout_s` stops the robot with the reason.
 
 `overlap` (default true): the next decision is made while the robot executes the current action,
 so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
@@ -50,11 +56,19 @@ from edge_llm_ros.nodes.parameters import param
 class NavigatorParams(ManagedParams):
     adapter: str = param("", "navigation adapter folder ('' = the shipped one for SmolLM2: edge-llm-ros train nav)")
     draft: str = param("", "draft model folder for the speculative modes ('' = the shipped SmolLM2 draft)")
-    mode: str = param("ar", "decoding mode (lossless under the grammar); fsd and ee: edge_cloud only",
-                      choices=("ar", "sd", "tree", "fsd", "ee"))
-    deployment: str = param("robot", "where the target runs: robot (this process) or edge_cloud (a verifier_node "
-                                     "serving task nav, over draft/verify)", choices=("robot", "edge_cloud"))
-    timeout_s: float = param(10.0, "edge_cloud: seconds to wait for a round's final VerifyResult", low=0.001)
+    mode: str = param("ar", "decoding mode (lossless under the grammar); fsd and ee: edge_cloud only; chunk_pp "
+                            "and flowspec: pipeline only", choices=("ar", "sd", "tree", "fsd", "ee", "chunk_pp",
+                                                                    "flowspec"))
+    deployment: str = param("robot", "where the target runs: robot (this process), edge_cloud (a verifier_node "
+                                     "serving task nav, over draft/verify) or pipeline (stage_nodes serving task "
+                                     "nav, over stage_0/in ... stage_<stages>/in)",
+                            choices=("robot", "edge_cloud", "pipeline"))
+    timeout_s: float = param(10.0, "edge_cloud and pipeline: seconds to wait for the next answer", low=0.001)
+    stages: int = param(2, "pipeline: stage_nodes in the pipeline", low=1, high=1024)
+    segment: int = param(8, "pipeline: draft rows a message (flowspec's segment, chunk_pp's chunk)", low=1,
+                         high=4096)
+    in_flight: int = param(0, "pipeline: segments on their way at most (0 = stages)", low=0, high=1024)
+    prefill_chunk: int = param(0, "pipeline: prompt tokens a prefill message (0 = the whole prompt)", low=0)
     gamma: int = param(4, "drafted tokens per round (sd)", low=1, high=16)
     overlap: bool = param(True, "decide the next action while the robot executes the current one, carried "
                                  "over by /odom to the pose it starts from (false: stop-and-go)")
@@ -66,6 +80,10 @@ class NavigatorParams(ManagedParams):
         if self.mode in ("fsd", "ee") and self.deployment != "edge_cloud":
             raise ValueError(f"parameter 'mode': {self.mode} pre-drafts from a verifier's early exits: it needs "
                              "deployment edge_cloud")
+        if (self.mode in ("chunk_pp", "flowspec")) != (self.deployment == "pipeline") and self.mode != "ar":
+            raise ValueError(f"parameter 'mode': deployment pipeline decodes in ar, chunk_pp or flowspec; "
+                             f"{self.mode} is for " + ("pipeline" if self.mode in ("chunk_pp", "flowspec")
+                                                       else "robot or edge_cloud") + " deployments")
 
 
 class NavigatorNode(ManagedNode):
@@ -96,7 +114,15 @@ class NavigatorNode(ManagedNode):
         self.create_subscription(self.String, "instruction", self.on_instruction, 10)
         self.create_subscription(self.String, "go2_bridge/state", self.on_bridge_state, latched_qos())
         self.create_subscription(rt.message("nav_msgs/msg/Odometry"), "/odom", self.on_odometry, 10)
-        self.link = VerifierLink(self, self.params.timeout_s) if self.params.deployment == "edge_cloud" else None
+        # edge_cloud: the verifier's link; pipeline: the stages' refusals come on `verify` too, and prunes
+        # go on `prune`
+        self.link = VerifierLink(self, self.params.timeout_s) if self.params.deployment != "robot" else None
+        self.stages = None
+        if self.params.deployment == "pipeline":
+            from edge_llm_ros.nodes.stage_client import StageClient
+
+            self.stages = StageClient(self, self.params.stages, self.params.timeout_s, self.link.inboxes,
+                                      self.link.prune_pub)
         self.worker = threading.Thread(target=self.run, daemon=True, name="navigator")
         self.worker.start()
 
@@ -116,12 +142,23 @@ class NavigatorNode(ManagedNode):
         set_threads(p.threads)
         target = load_model()  # on the robot of edge_cloud: the embeddings and head the shipped draft shares
         adapter = NavAdapter.load(p.adapter or None, target)
-        remote = p.deployment == "edge_cloud"
+        remote = p.deployment != "robot"
         draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
-        mode = EDGE_MODES[p.mode][0] if remote else p.mode  # fsd and ee draft chains, as sd does
+        if p.deployment == "pipeline":
+            mode = "ar" if p.mode == "ar" else "sd"  # the config's: the pipeline's own mode is p.mode
+        else:
+            mode = EDGE_MODES[p.mode][0] if remote else p.mode  # fsd and ee draft chains, as sd does
         config = GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
         blank = np.zeros((96, 128, 3), np.uint8)
-        if remote:
+        if p.deployment == "pipeline":
+            from edge_llm_ros.core.nav.navigator import PipelineNavigator
+
+            self.navigator = PipelineNavigator(adapter, draft, self.stages.run, p.mode, config, segment=p.segment,
+                                               in_flight=p.in_flight or p.stages, prefill_chunk=p.prefill_chunk)
+            seconds_ = self.navigator.warm_up(blank, "go to the red chair")
+            where = (f"over a stage pipeline: the draft here (D0), SmolLM2 + the adapter in {p.stages} stage(s) "
+                     f"serving task nav ({self.stages.describe()})")
+        elif remote:
             self.navigator = self.remote_navigator(adapter, draft, config)
             seconds_ = self.navigator.warm_up(blank, "go to the red chair")
             where = (f"over edge-cloud: the draft here, SmolLM2 + the adapter on the verifier serving task nav "

@@ -80,7 +80,7 @@ class StageClient:
                 except WireError as exc:
                     raise StageFailed(f"the last stage's answer is malformed: {exc} (is `output` argmax?)") from exc
                 actions = scheduler.on_output(Output(answer.request_id, answer.round, answer.prefix_len,
-                                                     answer.first_row, choices))
+                                                     answer.first_row, choices, answer.choice_probs or None))
                 self.act(actions)
                 if actions.tokens:
                     yield index[msg.request_id], actions.tokens
@@ -120,31 +120,6 @@ class StageClient:
         missing = [f"stage {i} ({self.node.resolve_topic_name(f'stage_{i}/in')})" for i in range(self.count)
                    if self.node.count_subscribers(f"stage_{i}/in") == 0]
         return ", ".join(missing)
-
-
-def pipeline_scheduler(mode: str, request_id: str, prompt: list[int], drafter, *, max_new_tokens: int, eos,
-                       segment: int, in_flight: int, prefill_chunk: int, fork_from: str = "", cached: int = 0,
-                       shape=None):
-    """The core.pipeline scheduler of ``mode`` for one request: the prompt (its first ``cached``
-    tokens forked from request ``fork_from``) in chunks of ``prefill_chunk`` tokens (0: one chunk);
-    FlowSpec with ``segment`` rows a segment and up to ``in_flight`` segments on their way;
-    Chunk-PP sending FlowSpec's initial tree in chunks of ``segment`` rows (FlowSpec §V-A: one
-    setting for every method). ``shape``: the trees (a core.pipeline.FlowSpecShape, whose segment
-    and in_flight these arguments replace; default: this CPU's)."""
-    from dataclasses import replace
-
-    from edge_llm_ros.core.pipeline import ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
-
-    rest = len(prompt) - cached
-    size = prefill_chunk or rest
-    chunks = [min(size, rest - at) for at in range(0, rest, size)]
-    common = dict(max_new_tokens=max_new_tokens, eos=eos, prefill_chunks=chunks, fork_from=fork_from, cached=cached)
-    shape = replace(shape or FlowSpecShape(), segment=segment, in_flight=in_flight)
-    if mode == "flowspec":
-        return FlowSpec(request_id, prompt, drafter, shape, **common)
-    if mode == "chunk_pp":
-        return ChunkPP(request_id, prompt, drafter, shape.tree(shape.init_depth, shape.init_size), segment, **common)
-    return PipelineAR(request_id, prompt, **common)
 
 
 @dataclass

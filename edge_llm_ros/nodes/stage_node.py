@@ -40,7 +40,7 @@ import re
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import run_node, stamp
+from edge_llm_ros.nodes.common import nav_adapter_param, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
@@ -96,6 +96,10 @@ class StageParams(ManagedParams):
     capacity: int = param(256, "KV cache rows first allocated per request (it grows)", low=1, high=1_000_000)
     max_requests: int = param(8, "request caches held at once; rows of a new request beyond are refused "
                                  "as busy", low=1, high=1024)
+    nav_adapter: str = param("", "serve the navigator's task 'nav' too: 'shipped' (SmolLM2's adapter) or an "
+                                 "adapter folder ('' = none): its LoRA merged into this stage's layers, the "
+                                 "first stage conditioned on each request's image, the last constrained to "
+                                 "the action grammar")
 
     def __post_init__(self) -> None:
         try:
@@ -187,8 +191,13 @@ class StageNode(ManagedNode):
                 raise ValueError(f"parameter 'cpus' ({p.cpus}) names cores this process may not use "
                                  f"(it may use {sorted(os.sched_getaffinity(0))})")
             pin_process(cores)
-        model = load_stage_model(folder, layers, first=first, last=last)
-        self.stage = Stage(model, layers, first=first, last=last, capacity=p.capacity)
+        tokenizer = None
+        if p.nav_adapter:  # the adapter checks it is this target's; the last stage's grammar spells its tokens
+            from edge_llm_ros.core.models import load_tokenizer
+
+            tokenizer = load_tokenizer(p.model or None)
+        model = load_stage_model(folder, layers, first=first, last=last, tokenizer=tokenizer)
+        self.stage = Stage(model, layers, first=first, last=last, capacity=p.capacity, tasks=self.tasks(model))
         self.inbox = queue.Queue(MAX_WAITING)
         self.stopping.clear()
         self.worker = threading.Thread(target=self.work, args=(self.inbox,), daemon=True, name="stage")
@@ -198,7 +207,18 @@ class StageNode(ManagedNode):
         return (f"stage {p.index} of {p.stages()}: {held}, {rss_mb():.0f} MB resident; "
                 f"{self.resolve_topic_name(f'stage_{p.index}/in')} -> "
                 f"{self.resolve_topic_name(f'stage_{p.index + 1}/in')} ({sends})"
-                + (f"; pinned to cores {p.cpus}" if cores else ""))
+                + (f"; pinned to cores {p.cpus}" if cores else "")
+                + (f"; tasks: {', '.join(self.stage.tasks)}" if self.stage.tasks else ""))
+
+    def tasks(self, model) -> dict:
+        """The tasks served besides plain text: nav with `nav_adapter` (core/nav/navigator.nav_stage_task)."""
+        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_stage_task
+
+        p = self.params
+        adapter = nav_adapter_param(p.nav_adapter, model)
+        if adapter is None:
+            return {}
+        return {NAV_TASK: nav_stage_task(adapter, model, first=p.index == 0, last=p.index == p.stages() - 1)}
 
     def unload(self) -> None:
         """Stop the worker (the rows being run finish first) and drop the weights and caches."""
@@ -343,13 +363,19 @@ class StageNode(ManagedNode):
 
     def publish(self, rows, out) -> None:
         """The rows' output on the next stage's topic: hidden states, or the last stage's argmax/logits."""
+        import torch
+
         from edge_llm_ros.core.stages import StageMessage
 
+        from edge_llm_ros.core.pipeline import greedy_choices
+
         p = self.params
-        if self.stage.last and p.output == "argmax":
-            out = out.argmax(-1)  # [T] int64
+        probs: list[float] = []
+        if self.stage.last and p.output == "argmax":  # [T] int64, and the target's probability of each
+            choices, probs = greedy_choices(out)
+            out = torch.tensor(choices, dtype=torch.long)
         dtype = p.wire_dtype if not self.stage.last else "float32"
-        message = StageMessage.from_rows(dataclasses.replace(rows, data=out), p.index + 1, dtype)
+        message = StageMessage.from_rows(dataclasses.replace(rows, data=out, image=None), p.index + 1, dtype, probs)
         self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields())))
 
     def answer(self, request_id: str, round: int, reason: str) -> None:

@@ -42,7 +42,7 @@ import dataclasses
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, run_node, stamp, to_message
+from edge_llm_ros.nodes.common import from_message, nav_adapter_param, run_node, stamp, to_message
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
@@ -121,16 +121,9 @@ class VerifierNode(ManagedNode):
     def tasks(self, target) -> dict:
         """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
         from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_exits, nav_task
-        from edge_llm_ros.core.nav.vlm import NavAdapter
 
-        name = self.params.nav_adapter
-        if not name:
-            return {}
-        try:
-            adapter = NavAdapter.load(None if name == "shipped" else name, target)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"parameter 'nav_adapter': {exc}") from None
-        return {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
+        adapter = nav_adapter_param(self.params.nav_adapter, target)
+        return {} if adapter is None else {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
 
     def unload(self) -> None:
         """Stop the verify thread (the draft being verified finishes first) and drop the model."""

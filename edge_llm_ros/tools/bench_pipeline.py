@@ -222,13 +222,13 @@ def simulate_one(setup: Setup, mode: str, prompt: list[int], max_new_tokens: int
     """One request of ``mode`` through in-process stages (``ranges``: the measured split) under ``costs``;
     ``shape``: the trees (default: the deployments', draft_node's)."""
     from edge_llm_ros.core.pipesim import CountingDrafter, simulate
-    from edge_llm_ros.nodes.stage_client import pipeline_scheduler
+    from edge_llm_ros.core.pipeline import make_scheduler
 
     ranges = ranges or setup.ranges
-    scheduler = pipeline_scheduler(mode, f"sim-{mode}", prompt, CountingDrafter(drafter or setup.drafter),
-                                   max_new_tokens=max_new_tokens, eos=setup.eos,
-                                   segment=shape.segment if shape else SEGMENT, in_flight=len(ranges),
-                                   prefill_chunk=chunk, shape=shape)
+    scheduler = make_scheduler(mode, f"sim-{mode}", prompt, CountingDrafter(drafter or setup.drafter),
+                               max_new_tokens=max_new_tokens, eos=setup.eos,
+                               segment=shape.segment if shape else SEGMENT, in_flight=len(ranges),
+                               prefill_chunk=chunk, shape=shape)
     return simulate(scheduler, stages_of(setup, ranges), costs)
 
 

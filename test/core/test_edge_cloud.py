@@ -161,7 +161,7 @@ def test_linked_rounds_put_the_server_on_its_thread_behind_both_links_and_stay_l
     up, down = CountingLink("up"), CountingLink("down")
     try:
         for i, prompt in enumerate(PROMPTS):
-            stats, tokens, threads = [], [], set()
+            stats, tokens = [], []
             for step, final in linked_rounds(verifier, robot, prompt, config, uplink=up, downlink=down,
                                              request_id=f"{name}-{i}", stats_out=stats, early_exits=early_exits,
                                              send_ahead=send_ahead, timeout_s=30):

@@ -230,6 +230,15 @@ def test_rows_cross_the_wire_as_hidden_states_messages(dtype):
     torch.testing.assert_close(back.data, rows.data.to(getattr(torch, dtype)).float())
     ids = StageMessage.from_rows(Rows("r", 0, 0, 0, torch.arange(3), torch.tensor([5, 6, 7])), stage=0)
     assert ids.dtype == "int64" and ids.mask == b"" and torch.equal(ids.to_rows(None).data, torch.tensor([5, 6, 7]))
+    assert ids.task == "" and ids.grammar_states == ids.image_features == ids.choice_probs == []
+    # a task's rows: the task, each row's grammar state, the image (first rows); an answer's probabilities
+    task = Rows("r", 1, 0, 0, torch.arange(3), torch.tensor([5, 6, 7]), task="nav", states=torch.tensor([-1, 0, 17]),
+                image=torch.randn(8, 4))
+    msg = reg.new("edge_llm_ros/msg/HiddenStates", **StageMessage.from_rows(task, 0, probs=[0.5, 0.25, 1.0]).fields())
+    message = StageMessage.from_msg(reg.deserialize(reg.serialize(msg), "edge_llm_ros/msg/HiddenStates"))
+    back = message.to_rows(None)
+    assert back.task == "nav" and back.states.tolist() == [-1, 0, 17] and message.choice_probs == [0.5, 0.25, 1.0]
+    torch.testing.assert_close(back.image, task.image.flatten())
 
 
 def test_malformed_hidden_states_are_refused_with_the_field_named():
@@ -240,7 +249,10 @@ def test_malformed_hidden_states_are_refused_with_the_field_named():
     cases = {"shape": (dataclasses.replace(good), 16), "dtype": (dataclasses.replace(good, dtype="float64"), 32),
              "data": (dataclasses.replace(good, data=good.data[:-4]), 32),
              "mask": (dataclasses.replace(good, mask=good.mask + b"\0"), 32),
-             "position_ids": (dataclasses.replace(good, position_ids=[]), 32)}
+             "position_ids": (dataclasses.replace(good, position_ids=[]), 32),
+             "grammar_states": (dataclasses.replace(good, grammar_states=[0]), 32),
+             "image_features": (dataclasses.replace(good, image_features=[float("nan")] * 8), 32),
+             "choice_probs": (dataclasses.replace(good, choice_probs=[1.0] * 3), 32)}
     for field, (message, width) in cases.items():
         with pytest.raises(WireError, match=f"^{field}: ") as caught:
             message.to_rows(width)

@@ -18,6 +18,25 @@ def tiny_lms():
 
 
 @pytest.fixture(scope="module")
+def lora_vlm(tiny_lms):
+    """(adapter, target, draft): a fresh adapter on the tiny LMs with a random LoRA that changes the
+    answers (so a server or a stage must merge it to give the one-device answer)."""
+    import torch
+
+    from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
+
+    target, draft = tiny_lms
+    adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32},
+                                       lora={"target": lora_shapes(target), "draft": lora_shapes(draft)})).eval()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for lows in adapter.lora.values():
+            for low in lows.values():
+                torch.nn.init.normal_(low.b, std=0.2)
+    return adapter, target, draft
+
+
+@pytest.fixture(scope="module")
 def frames():
     """Three frames from world 3's start, turning: what the tiny VLMs decide on."""
     from edge_llm_ros.core.nav.camera import Camera

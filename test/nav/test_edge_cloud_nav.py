@@ -6,29 +6,19 @@ not carry, naming the field."""
 import functools
 
 import pytest
-import torch
 
 from edge_llm_ros.core import GenerationConfig
 from edge_llm_ros.core.drafters import ModelDrafter
 from edge_llm_ros.core.edge_cloud import (DraftError, DraftRequest, EarlyExitDrafter, EarlyExitVerifier,
                                           edge_cloud_rounds, linked_rounds)
 from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, Navigator, nav_task
-from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
 
 INSTRUCTION = "go to the red chair"
 
 
 @pytest.fixture(scope="module")
-def vlm(tiny_lms):
-    target, draft = tiny_lms
-    adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32},
-                                       lora={"target": lora_shapes(target), "draft": lora_shapes(draft)})).eval()
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for lows in adapter.lora.values():  # a LoRA that changes the answers, so the server must merge it
-            for low in lows.values():
-                torch.nn.init.normal_(low.b, std=0.2)
-    return adapter, target, draft
+def vlm(lora_vlm):
+    return lora_vlm
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ link). Either way the episode's summary (actions, waiting time, first motion) is
 malformed frame makes the navigator stop the robot with a logged error naming the field.
 
 On the embedded runtime an edge-cloud navigator also runs alone (a stop naming the missing
-verifier), then with a verifier_node started beside it (the one-device answer)."""
+verifier), then with a verifier_node started beside it (the one-device answer); on both runtimes a
+pipeline navigator (the robot as D0 of two stage_nodes) does the same with its stages."""
 
 from __future__ import annotations
 
@@ -167,64 +168,123 @@ def stop(launch: Proc) -> None:
 
 
 
-def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(router_endpoint, rt_session):
+class Operator:
+    """A probe that shows a navigator one frame (the start of world SEED), sends the instruction and
+    waits for the NavAction that answers it; and the one-device answer for that frame."""
+
+    def __init__(self, host, name: str) -> None:
+        from edge_llm_ros.core.nav.camera import Camera
+        from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+
+        self.probe = host.Node(name)
+        self.actions = Recorder(self.probe, host.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
+        self.Image, self.String = host.message("sensor_msgs/msg/Image"), host.message("std_msgs/msg/String")
+        self.camera = self.probe.create_publisher(self.Image, "/camera/image_raw", 10)
+        self.instruction = self.probe.create_publisher(self.String, "/edge_llm/instruction", 10)
+        world = generate(SEED, GenerateConfig(clear_path=True))
+        self.frame = Camera().render(world, world.start)
+
+    def ready(self, navigator: Proc) -> None:
+        navigator.wait_for_line("active: navigating with SmolLM2", 180)
+        wait_until(lambda: self.probe.count_subscribers("/edge_llm/instruction") >= 1, 60, "the navigator")
+
+    def frame_now(self) -> None:
+        from array import array
+
+        h, w = self.frame.shape[:2]
+        msg = self.Image(encoding="rgb8", width=w, height=h, step=w * 3, data=array("B", self.frame.tobytes()))
+        msg.header.stamp = self.probe.get_clock().now().to_msg()
+        self.camera.publish(msg)
+
+    def decide(self, found, what: str, timeout: float = 90):
+        """Send the instruction, showing the frame until a NavAction that ``found`` holds for comes."""
+        before = len(self.actions.items)
+        self.instruction.publish(self.String(data=INSTRUCTION))
+        wait_until(lambda: self.frame_now() or any(found(a) for a in self.actions.items[before:]), timeout, what,
+                   interval=0.2)
+        return next(a for a in self.actions.items[before:] if found(a))
+
+    def one_device_answer(self):
+        from edge_llm_ros.core import load_model
+        from edge_llm_ros.core.nav.navigator import Navigator
+        from edge_llm_ros.core.nav.vlm import NavAdapter
+
+        target = load_model()
+        return Navigator(NavAdapter.load(None, target), target).decide(self.frame, INSTRUCTION)
+
+
+def navigator_proc(host, *params: str) -> Proc:
+    return Proc([sys.executable, "-m", "edge_llm_ros.nodes.navigator_node", "--ros-args", "--params-file",
+                 str(REPO / "config" / "go2_sim.yaml"), "-p", "overlap:=false",
+                 *(arg for p in params for arg in ("-p", p))], env=host.child_env)
+
+
+def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(request, router_endpoint):
     """navigator_node (deployment edge_cloud, mode fsd) on the embedded runtime, first alone: the
     decision ends within seconds (nothing subscribes to its draft topic) and the robot gets a stop
     naming the missing verifier. Then verifier_node (nav_adapter shipped, exits 16 and 24, the
     emulated link of go2_sim.yaml) starts: the next instruction is decided through it, and the
     answer is the one SmolLM2 + the adapter gives on one device for the same frame (lossless
     through processes, early outcomes and pre-drafts included)."""
-    from array import array
-
-    from edge_llm_ros import runtime as rt
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.navigator import Navigator
-    from edge_llm_ros.core.nav.vlm import NavAdapter
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
-
-    params = str(REPO / "config" / "go2_sim.yaml")
-    navigator = Proc([sys.executable, "-m", "edge_llm_ros.nodes.navigator_node", "--ros-args", "--params-file", params,
-                      "-p", "deployment:=edge_cloud", "-p", "mode:=fsd", "-p", "overlap:=false"])
+    host = host_for(request)
+    navigator = navigator_proc(host, "deployment:=edge_cloud", "mode:=fsd")
     verifier = None
-    probe = rt_session.Node("go2_edge_probe")
+    operator = Operator(host, "go2_edge_probe")
     try:
-        actions = Recorder(probe, rt.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
-        Image, String = rt.message("sensor_msgs/msg/Image"), rt.message("std_msgs/msg/String")
-        camera = probe.create_publisher(Image, "/camera/image_raw", 10)
-        instruction = probe.create_publisher(String, "/edge_llm/instruction", 10)
-        world = generate(SEED, GenerateConfig(clear_path=True))
-        frame = Camera().render(world, world.start)
-        navigator.wait_for_line("active: navigating with SmolLM2", 180)
-        wait_until(lambda: probe.count_subscribers("/edge_llm/instruction") >= 1, 60, "the navigator")
-
-        def frame_now():
-            msg = Image(encoding="rgb8", width=frame.shape[1], height=frame.shape[0], step=frame.shape[1] * 3,
-                        data=array("B", frame.tobytes()))
-            msg.header.stamp = probe.get_clock().now().to_msg()
-            camera.publish(msg)
-
-        def decide(found, what: str):
-            before = len(actions.items)
-            instruction.publish(String(data=INSTRUCTION))
-            wait_until(lambda: frame_now() or any(found(a) for a in actions.items[before:]), 60, what, interval=0.2)
-            return next(a for a in actions.items[before:] if found(a))
-
-        stop_ = decide(lambda a: "verifier gone" in a.error, "a stop naming the missing verifier")
+        operator.ready(navigator)
+        stop_ = operator.decide(lambda a: "verifier gone" in a.error, "a stop naming the missing verifier", 60)
         assert stop_.action == "stop" and not stop_.valid and "/edge_llm/draft" in stop_.error, stop_
         assert navigator.popen.poll() is None  # the node goes on
 
         verifier = Proc([sys.executable, "-m", "edge_llm_ros.nodes.verifier_node", "--ros-args", "--params-file",
-                         params, "-r", "__ns:=/edge_llm"])
+                         str(REPO / "config" / "go2_sim.yaml"), "-r", "__ns:=/edge_llm"], env=host.child_env)
         verifier.wait_for_line("tasks: nav", 180)
-        wait_until(lambda: probe.count_subscribers("/edge_llm/draft") >= 1, 60, "the verifier on /edge_llm/draft")
-        decided = decide(lambda a: bool(a.raw_text), "a decision through the verifier")
-        target = load_model()
-        want = Navigator(NavAdapter.load(None, target), target).decide(frame, INSTRUCTION)
+        wait_until(lambda: operator.probe.count_subscribers("/edge_llm/draft") >= 1, 60,
+                   "the verifier on /edge_llm/draft")
+        decided = operator.decide(lambda a: bool(a.raw_text), "a decision through the verifier", 60)
+        want = operator.one_device_answer()
         assert decided.valid and decided.raw_text == want.text, (decided, want.text, verifier.output[-2000:])
         assert decided.confidence == pytest.approx(want.confidence, rel=1e-3)
     finally:
-        probe.destroy_node()
+        operator.probe.destroy_node()
         navigator.stop()
         if verifier is not None:
             verifier.stop()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pipeline_navigator_stops_without_its_stages_and_decides_through_them(request, backend, router_endpoint):
+    """navigator_node (deployment pipeline, mode flowspec: the robot as FlowSpec's D0) on each runtime,
+    first alone: the robot gets a stop naming the stage nothing serves. Then two stage_nodes
+    (SmolLM2's layers 0-14 and 15-29, each with the adapter's share: the first conditions on the
+    frame's features, the last masks each row by the grammar state the navigator sent) start: the
+    next decision is the one-device answer for the same frame, with its confidence."""
+    if backend == "rclpy":
+        request.getfixturevalue("ros2_env")  # a sourced ROS 2 and this package's install, loopback only
+    host = host_for(request, backend)
+    navigator = navigator_proc(host, "deployment:=pipeline", "mode:=flowspec", "timeout_s:=20.0")
+    stages = []
+    operator = Operator(host, "go2_pipeline_probe")
+    try:
+        operator.ready(navigator)
+        stop_ = operator.decide(lambda a: "gone" in a.error, "a stop naming the missing stage")
+        assert stop_.action == "stop" and not stop_.valid and "/edge_llm/stage_0/in" in stop_.error, stop_
+        assert navigator.popen.poll() is None  # the node goes on
+
+        for i in range(2):
+            stages.append(Proc([sys.executable, "-m", "edge_llm_ros.nodes.stage_node", "--ros-args", "--params-file",
+                                str(REPO / "config" / "go2_sim.yaml"), "-r", "__ns:=/edge_llm", "-r",
+                                f"__node:=stage_{i}"], env=host.child_env))
+        for stage in stages:
+            stage.wait_for_line("tasks: nav", 180)
+        wait_until(lambda: all(operator.probe.count_subscribers(f"/edge_llm/stage_{i}/in") >= 1 for i in range(2)),
+                   60, "both stages on their inputs")
+        decided = operator.decide(lambda a: bool(a.raw_text), "a decision through the stages")
+        want = operator.one_device_answer()
+        assert decided.valid and decided.raw_text == want.text, (decided, want.text, stages[-1].output[-2000:])
+        assert decided.confidence == pytest.approx(want.confidence, rel=1e-3)
+    finally:
+        operator.probe.destroy_node()
+        navigator.stop()
+        for stage in stages:
+            stage.stop()

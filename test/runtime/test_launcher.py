@@ -606,6 +606,21 @@ def test_the_shipped_pipeline_argument_reaches_the_serve_node():
         str(ROOT / "config" / "pipeline.yaml"), "-p", "max_requests:=3", "-p", "threads:=1"]
 
 
+@pytest.mark.parametrize("deployment, servers", [
+    ("robot", []), ("edge_cloud", ["/edge_llm/verifier_node"]),
+    ("pipeline", ["/edge_llm/stage_0", "/edge_llm/stage_1"])])
+def test_go2_sim_starts_the_servers_its_deployment_needs(deployment, servers):
+    plan = load_plan("go2_sim")
+    apply_launch_args(plan, [f"deployment:={deployment}", "mode:=ar"])
+    names = [spec.fqn for spec in plan.nodes]
+    assert names == ["/sim", "/edge_llm/go2_bridge", "/edge_llm/navigator", *servers]
+    navigator = next(spec for spec in plan.nodes if spec.fqn == "/edge_llm/navigator")
+    assert navigator.parameters["deployment"] == deployment
+    for i, stage in enumerate(spec for spec in plan.nodes if "stage_" in spec.fqn):
+        command = stage.command(plan.params_files)
+        assert "edge_llm_ros.nodes.stage_node" in command and f"__node:=stage_{i}" in command
+
+
 def test_show_args_lists_every_overridable_parameter(tmp_path, capsys):
     launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
     assert launcher_main([str(launch), "--show-args"]) == 0

@@ -39,7 +39,9 @@ from ..drafters import ModelDrafter, TreeSpec
 from ..edge_cloud import EDGE_MODES, DraftRequest, FinalStep, VerifierTask, VerifyOutcome
 from ..exits import ExitSet
 from ..models import TorchCausalLM
+from ..pipeline import LOSSLESS_PIPELINE_MODES, make_scheduler
 from ..sampling import Sampler
+from ..stages import StageTask
 from .actions import ACTION_PREFIX, ANSWER, Magnitudes, NavCommand, parse_or_stop
 from .vlm import NavAdapter
 
@@ -87,6 +89,21 @@ def nav_task(adapter: NavAdapter, target: TorchCausalLM, grammar: TokenGrammar |
                         exits)
 
 
+def nav_stage_task(adapter: NavAdapter, model: TorchCausalLM, *, first: bool, last: bool,
+                   grammar: TokenGrammar | None = None) -> StageTask:
+    """A pipeline stage's share of the navigation task (core/stages.StageTask): ``model`` (the
+    stage's layers) with the adapter's LoRA merged into them; at the first stage conditioned on
+    each request's image features, at the last scoring the answer's vocabulary and masking each row
+    by the grammar state D0 sent with it (``model.tokenizer`` makes the grammar)."""
+    view = adapter.attach(model, "target")
+    if last:
+        grammar = grammar or answer_grammar(model.tokenizer, model.vocab_size)
+        grammar.warm()
+        view = view.with_vocabulary(answer_vocabulary(grammar))
+    condition = (lambda lm, features: adapter.condition_on(lm, features, "target")) if first else None
+    return StageTask(view, condition, grammar if last else None)
+
+
 @dataclass
 class Decision:
     command: NavCommand
@@ -125,6 +142,17 @@ class Navigator:
         self.magnitudes = magnitudes or Magnitudes()
         self._prompts: dict[str, list[int]] = {}
 
+    def warm_up(self, frame: np.ndarray, instruction: str) -> float:
+        """Make the grammar's masks and draft once on ``frame`` here (torch's first pass is slow),
+        without the target (the robot's half of a split deployment); seconds."""
+        start = time.perf_counter()
+        self.grammar.warm()
+        if self.draft is not None:
+            drafter = ModelDrafter(self.adapter.condition(self.draft, frame, "draft"))
+            spec = TreeSpec.chain(self.config.gamma).constrained(self.grammar.bind([]))
+            drafter.propose(self.prompt(instruction), spec, Sampler(0.0))
+        return time.perf_counter() - start
+
     def prompt(self, instruction: str) -> list[int]:
         if instruction not in self._prompts:
             self._prompts[instruction] = self.adapter.prompt_ids(self.tokenizer, instruction)
@@ -162,16 +190,6 @@ class EdgeCloudNavigator(Navigator):
         self._setup(adapter, draft, draft, base.with_overrides(mode=EDGE_MODES[mode][0]), magnitudes)
         self.edge_mode, self.rounds = mode, rounds
 
-    def warm_up(self, frame: np.ndarray, instruction: str) -> float:
-        """Make the grammar's masks and draft once on ``frame`` here (torch's first pass is slow),
-        without the verifier; seconds."""
-        start = time.perf_counter()
-        self.grammar.warm()
-        drafter = ModelDrafter(self.adapter.condition(self.draft, frame, "draft"))
-        spec = TreeSpec.chain(self.config.gamma).constrained(self.grammar.bind([]))
-        drafter.propose(self.prompt(instruction), spec, Sampler(0.0))
-        return time.perf_counter() - start
-
     def request(self, frame: np.ndarray) -> dict:
         """A decision's keywords for the edge-cloud rounds (robot_rounds' ``start``): the mode's
         early exits and sending ahead, drafters conditioned on ``frame``'s encoder features (two
@@ -200,6 +218,47 @@ class EdgeCloudNavigator(Navigator):
             stats.finish_reason = step.finish_reason
         stats.new_tokens, stats.total_time_s = len(tokens), time.perf_counter() - start
         return tokens, stats
+
+
+class PipelineNavigator(Navigator):
+    """The robot as D0 of a stage pipeline (FlowSpec): the draft and the adapter's encoder here, the
+    target's layers in stages serving task nav (:func:`nav_stage_task`). ``run(scheduler)`` drives
+    one request through the stages and yields the tokens each answer commits (nodes/stage_client's
+    StageClient.run; core.pipesim in tests). ``mode``: ar | chunk_pp | flowspec (every one lossless;
+    outline is not offered: it would change the answer). ``pipeline``: make_scheduler's segment,
+    in_flight, prefill_chunk and shape."""
+
+    def __init__(self, adapter: NavAdapter, draft: TorchCausalLM, run: Callable, mode: str = "flowspec",
+                 config: GenerationConfig | None = None, magnitudes: Magnitudes | None = None,
+                 **pipeline) -> None:
+        if mode not in LOSSLESS_PIPELINE_MODES:
+            raise ValueError(f"pipeline mode must be one of {' | '.join(LOSSLESS_PIPELINE_MODES)}, got {mode!r}")
+        base = config or GenerationConfig(max_new_tokens=MAX_ANSWER_TOKENS)
+        self._setup(adapter, draft, draft, base.with_overrides(mode="ar" if mode == "ar" else "sd"), magnitudes)
+        self.pipeline_mode, self.run = mode, run
+        self.pipeline = {"segment": 8, "in_flight": 2, "prefill_chunk": 0, **pipeline}
+
+    def scheduler(self, frame: np.ndarray, prompt: list[int]):
+        """One decision's core.pipeline scheduler: the frame's features go to the first stage with
+        the prompt, every draft and every row's choice masked by the grammar."""
+        features = self.adapter.features(frame)
+        drafter = None
+        if self.pipeline_mode != "ar":
+            drafter = ModelDrafter(self.adapter.condition_on(self.draft, features, "draft"))
+        return make_scheduler(self.pipeline_mode, f"nav-{uuid.uuid4().hex[:12]}", prompt, drafter,
+                              max_new_tokens=self.config.max_new_tokens, eos=[self.tokenizer.eos_token_id],
+                              task=NAV_TASK, grammar=self.grammar, image=features, **self.pipeline)
+
+    def answer(self, frame: np.ndarray, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        start = time.perf_counter()
+        scheduler = self.scheduler(frame, prompt)
+        stats = GenerationStats(mode=self.pipeline_mode, prompt_tokens=len(prompt))
+        for _ in self.run(scheduler):
+            stats.ttft_s = stats.ttft_s or time.perf_counter() - start
+        tokens = scheduler.generated
+        stats.new_tokens, stats.rounds, stats.total_time_s = len(tokens), scheduler.rounds, time.perf_counter() - start
+        stats.token_probs, stats.finish_reason = list(scheduler.token_probs), scheduler.finished
+        return list(tokens), stats
 
 
 def action_confidence(answer: list[int], probs: list[float], grammar: TokenGrammar) -> float:

@@ -165,7 +165,8 @@ class NavAdapter(nn.Module):
         """``lm`` as this adapter's ``model`` ("target" or "draft"): ``lm`` itself without LoRA;
         else a model over a copy of its module tree that shares every weight except the adapted
         ones, which hold W + BA merged (``trainable``: computed from the live LoRA parameters on
-        every use, for training). ``lm`` itself is never changed."""
+        every use, for training); weights ``lm`` does not hold (a pipeline stage's other layers, on
+        the meta device) stay as they are. ``lm`` itself is never changed."""
         updates = self.lora[model] if model in self.lora else {}
         if not updates:
             return lm
@@ -175,6 +176,8 @@ class NavAdapter(nn.Module):
         clone = copy.deepcopy(lm.hf, shared)
         for key, low in updates.items():
             linear = clone.get_submodule(key.replace("/", "."))
+            if linear.weight.is_meta:  # a pipeline stage's model holds its own layers only (core/stages.py)
+                continue
             if trainable:
                 parametrize.register_parametrization(linear, "weight", low)
             else:
