@@ -75,6 +75,47 @@ def load_target(model: str | None = None, tiny: bool = False) -> TorchCausalLM:
         raise LoadError(str(exc)) from exc
 
 
+def draft_home(model: str | None, spec: str | None) -> TorchCausalLM:
+    """What of the target ``model`` the drafter ``spec`` shares, loaded alone when that is less than
+    the whole target, so a robot holds its draft and not the target: a trained draft folder (the
+    shipped one when ``spec`` is None) shares only the embedding, final norm and head. Anything
+    else gets :func:`load_target` (``shallow``/``exit`` drafts run the target's own first layers
+    and count them against it; a feature head reads the target's features). A partial home keeps
+    the target's config and tokenizer (every check against the target holds) and its first layer;
+    its other layers stay on the meta device (core/stages.load_stage_model)."""
+    from .models import weights_folder
+    from .stages import load_stage_model
+
+    layers = _shared_layers(spec)
+    if layers is None:
+        return load_target(model)
+    if model is not None and not Path(model).exists():
+        raise LoadError(f"model not found: {model}")
+    try:
+        return load_stage_model(weights_folder(model), range(max(layers, 1)), first=True, last=True,
+                                tokenizer=load_tokenizer(model))
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"cannot load the draft's share of {model or 'the default model'}: {one_line(exc)}") from exc
+
+
+def _shared_layers(spec: str | None) -> int | None:
+    """The target's first layers ``spec``'s drafter needs (0: only the embedding and head); None:
+    the whole target."""
+    from .draft_models import DRAFT_FORMAT, default_draft_path
+
+    if spec is None:
+        try:
+            folder = default_draft_path()
+        except FileNotFoundError:
+            return None  # default_draft falls back to a shallow draft of the target's layers
+    else:
+        folder = Path(spec)
+    if not is_trained_draft(folder):
+        return None
+    config = json.loads((folder / "config.json").read_text())
+    return 0 if config.get("format") == DRAFT_FORMAT and config.get("kind", "draft") == "draft" else None
+
+
 def byte_tokenizer():
     """A byte-level tokenizer (id == byte value, then ``<|im_start|>`` 256, ``<|im_end|>`` 257 = EOS)
     with a ChatML template: multi-byte characters span several tokens, as in real BPE vocabularies."""
@@ -386,7 +427,7 @@ def build_drafters(backend: str, spec: str | None, model: str | None, count: int
     if backend == LLAMA_CPP:
         target = target_vocabulary(model)
         return [llama_cpp_draft(spec, target, threads=threads) for _ in range(count)], target.tokenizer
-    target = load_model(model)
+    target = draft_home(model, spec)  # what the draft shares of the target, not the whole of it
     return [build_drafter(spec, target) for _ in range(count)], target.tokenizer
 
 

@@ -48,7 +48,7 @@ import time
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.edge_link import VerifierLink
-from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
+from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
 from edge_llm_ros.nodes.parameters import param
 
 
@@ -133,16 +133,17 @@ class NavigatorNode(ManagedNode):
 
         from edge_llm_ros.core import EDGE_MODES, GenerationConfig, load_model
         from edge_llm_ros.core.draft_models import load_draft
-        from edge_llm_ros.core.loading import set_threads
+        from edge_llm_ros.core.loading import draft_home, set_threads
         from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
         from edge_llm_ros.core.nav.overlap import PoseHistory
         from edge_llm_ros.core.nav.vlm import NavAdapter
 
         p = self.params
         set_threads(p.threads)
-        target = load_model()  # on the robot of edge_cloud: the embeddings and head the shipped draft shares
-        adapter = NavAdapter.load(p.adapter or None, target)
         remote = p.deployment != "robot"
+        # split deployments: only what the draft shares of the target (its embedding and head)
+        target = draft_home(None, p.draft or None) if remote else load_model()
+        adapter = NavAdapter.load(p.adapter or None, target)
         draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
         if p.deployment == "pipeline":
             mode = "ar" if p.mode == "ar" else "sd"  # the config's: the pipeline's own mode is p.mode
@@ -175,7 +176,7 @@ class NavigatorNode(ManagedNode):
         how = "overlapped with motion (carried over by /odom)" if p.overlap else "stop-and-go"
         return (f"navigating with SmolLM2 + adapter {p.adapter or 'shipped'}"
                 + (f" (held-out action accuracy {trained:.2f})" if trained is not None else "")
-                + f", mode {p.mode} {where}, decisions {how}")
+                + f", mode {p.mode} {where}, decisions {how}; {rss_mb():.0f} MB resident")
 
     def remote_navigator(self, adapter, draft, config):
         """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""

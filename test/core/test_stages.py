@@ -200,6 +200,47 @@ print(rss_mb() - before)
 """
 
 
+DRAFT_HOME_SCRIPT = """
+import gc, sys
+import transformers  # noqa: F401  (imported before the baseline: both runs load it)
+from edge_llm_ros.core.draft_models import load_drafter
+from edge_llm_ros.core.loading import draft_home
+from edge_llm_ros.core.models import load_model
+def rss_mb():
+    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024
+before = rss_mb()
+home = draft_home(None, None) if sys.argv[1] == "home" else load_model()
+drafter = load_drafter(home)
+gc.collect()
+print(sum(1 for p in home.hf.parameters() if p.is_meta), rss_mb() - before)
+"""
+
+
+def test_a_robots_draft_holds_the_targets_embedding_and_head_not_the_target():
+    """By RSS, each in a fresh process: the shipped draft on its home (core/loading.draft_home: the
+    target's embedding, norm, head and first layer, the other 29 layers never read) against the same
+    draft on the whole target (332 MB against 733 MB here); and it drafts what it drafts there."""
+    import subprocess
+    import sys
+
+    from edge_llm_ros.core.draft_models import load_drafter
+    from edge_llm_ros.core.drafters import TreeSpec
+    from edge_llm_ros.core.loading import draft_home
+    from edge_llm_ros.core.sampling import Sampler
+
+    def grown(which: str) -> tuple[int, float]:
+        out = subprocess.run([sys.executable, "-c", DRAFT_HOME_SCRIPT, which], capture_output=True, text=True,
+                             check=True, timeout=300).stdout.split()
+        return int(out[-2]), float(out[-1])
+
+    (meta, home), (none, whole) = grown("home"), grown("whole")
+    assert meta > 0 and none == 0 and home < 0.6 * whole, (home, whole)
+    context = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 28, 2]
+    spec = TreeSpec.chain(6)
+    slim = load_drafter(draft_home(None, None)).propose(context, spec, Sampler(0.0))
+    assert slim.tokens == load_drafter(load_model()).propose(context, spec, Sampler(0.0)).tokens
+
+
 def test_a_middle_stage_of_smollm2_grows_its_process_by_a_fraction_of_the_model():
     """By RSS, in a fresh process: 8 of 30 layers, no embedding, no head."""
     import subprocess
