@@ -15,7 +15,13 @@ adapter's encoder, the server the target (:func:`nav_task`: the adapter's target
 projector and the grammar, served by an EarlyExitVerifier as task "nav"). Round 0 carries the
 frame's encoder features (2 kB) with the prompt; the verifier conditions the target on them and
 verifies under the grammar, the robot drafts under it, so the answer is the same constrained
-target's answer as on one device, in every edge mode.
+target's answer as on one device, in every edge mode; the task's own early exits
+(:func:`nav_exits`) make pre-drafting (fsd, ee) hit.
+
+Pipeline (:class:`PipelineNavigator`, the robot as FlowSpec's D0): the target's layers on stages
+that each run :func:`nav_stage_task` (the adapter's LoRA in their layers; the first conditioned
+on the frame's features, the last masking each row by the grammar state D0 sends with it), in
+every lossless pipeline mode with the same answer again.
 
 Overlap (no stop-and-go, as in EE's pre-drafting and LiveVLN): the node asks for the next
 decision on the newest frame while the robot still executes the current one; :class:`Waiting`
