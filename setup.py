@@ -31,9 +31,9 @@ setup(
     ],
     extras_require={
         "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
-        # Qwen2-VL preprocessing: qwen-vl-utils imports torchvision, which needs a torchvision
-        # built for the installed torch (none exists for these machines' CPU torch 2.13.0+cpu).
-        "vlm": ["qwen-vl-utils>=0.0.10", "torchvision"],
+        # Qwen2-VL / Qwen2.5-VL preprocessing (core/nav/qwen_vl.py): qwen-vl-utils imports torchvision,
+        # which must be built for the installed torch (the Makefile's `vlm` venv says why it has its own).
+        "vlm": ["qwen-vl-utils>=0.0.14", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
         "test": ["pytest>=8", "pytest-timeout>=2", "pytest-xdist>=3.6"],

@@ -135,7 +135,7 @@ class ModelDrafter:
         if not hasattr(self.model, "run_layers"):  # a backend that gives logits only (llama.cpp)
             return self.model.forward(torch.tensor(token_ids), positions, mask, self.cache)
         with torch.inference_mode():
-            hidden = self._rows(self.model.embed(torch.tensor(token_ids)), positions, mask)[None]
+            hidden = self._rows(self.model.embed(torch.tensor(token_ids), positions), positions, mask)[None]
             if self.adapter is not None:
                 hidden = self.adapter(hidden)
             return self._head(hidden)

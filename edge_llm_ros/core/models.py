@@ -99,6 +99,7 @@ class TorchCausalLM:
     """
 
     provides_features = True  # forward(..., return_hidden=True) works (EAGLE-style drafters need it)
+    supported_model_types = SUPPORTED_MODEL_TYPES
 
     def __init__(
         self,
@@ -107,12 +108,10 @@ class TorchCausalLM:
         layers: range | None = None,
         transposed_head: bool = True,
     ) -> None:
-        config = hf_model.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        inner = hf_model.model
+        if hf_model.config.model_type not in self.supported_model_types:
+            raise ValueError(f"model type {hf_model.config.model_type!r} is not supported by {type(self).__name__}; "
+                             f"supported: {', '.join(self.supported_model_types)}")
+        inner, config = self.decoder_of(hf_model)
         self.hf = hf_model
         self.tokenizer = tokenizer
         self.config = config
@@ -138,11 +137,17 @@ class TorchCausalLM:
         module = importlib.import_module(type(hf_model).__module__)
         self._apply_rotary = getattr(module, "apply_rotary_pos_emb", _apply_rotary)
 
+    @staticmethod
+    def decoder_of(hf_model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+        """The decoder stack this class drives (its ``embed_tokens``, ``layers``, ``norm`` and
+        ``rotary_emb``) and that stack's config."""
+        return hf_model.model, hf_model.config
+
     # -- views -------------------------------------------------------------------------------
 
     def truncated(self, num_layers: int) -> TorchCausalLM:
         """The first ``num_layers`` layers + final norm + head, sharing weights (a shallow draft)."""
-        view = TorchCausalLM(self.hf, self.tokenizer, range(self.layer_ids[0], self.layer_ids[0] + num_layers), False)
+        view = type(self)(self.hf, self.tokenizer, range(self.layer_ids[0], self.layer_ids[0] + num_layers), False)
         view._head_copy = self._head_copy
         return view
 
@@ -161,8 +166,10 @@ class TorchCausalLM:
 
     # -- the steps of one forward pass ------------------------------------------------------------
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids -> [B, T, E] hidden states (a view's embedding rows in place of theirs)."""
+    def embed(self, token_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T] token ids -> [B, T, E] hidden states (a view's embedding rows in place of theirs).
+        ``position_ids`` [T] or [B, T]: where the rows sit (a model that places images by position
+        needs them: core/vision_lm.py)."""
         hidden = self.embed_tokens(token_ids)
         rows = getattr(self, "_embedding_rows", None)
         if rows is None:
@@ -324,7 +331,7 @@ class TorchCausalLM:
         """
         squeeze = token_ids.dim() == 1
         ids = token_ids.unsqueeze(0) if squeeze else token_ids
-        hidden, _ = self.run_layers(self.embed(ids), position_ids, mask, cache)
+        hidden, _ = self.run_layers(self.embed(ids, position_ids), position_ids, mask, cache)
         logits = None if logits_rows is None else self.head(hidden[:, logits_rows])
         if squeeze:
             logits, hidden = (None if logits is None else logits[0]), hidden[0]

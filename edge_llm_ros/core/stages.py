@@ -231,7 +231,7 @@ class Stage:
         if cache is None:
             cache = self.caches[rows.request_id] = model.new_cache(self.capacity, self.layers)
         cache.ensure_capacity(have + len(rows))
-        hidden = model.embed(rows.data[None]) if self.first else rows.data[None].to(model.dtype)
+        hidden = model.embed(rows.data[None], rows.positions) if self.first else rows.data[None].to(model.dtype)
         out, _ = model.run_layers(hidden, rows.positions, additive_mask(rows, model.dtype), cache, self.layers)
         if not self.last:
             return out[0]
@@ -337,7 +337,7 @@ class Stage:
             mask = additive_mask(probe, self.model.dtype)
 
             def step(_, cache=cache, data=data, positions=probe.positions, mask=mask) -> None:
-                hidden = self.model.embed(data[None]) if self.first else data[None]
+                hidden = self.model.embed(data[None], positions) if self.first else data[None]
                 hidden, _ = self.model.run_layers(hidden, positions, mask, cache, self.layers)
                 if self.last:
                     self.model.head(hidden)

@@ -24,6 +24,11 @@ last stage's choices come back on `stage_<stages>/in` (nodes/stage_client.py), i
 answers are again the one-device answers. A stage that refuses, dies or does not answer within
 `timeout_s` stops the robot with the reason.
 
+`vlm`: a local Qwen2-VL or Qwen2.5-VL checkpoint folder instead of SmolLM2 + the trained adapter
+(`vlm_draft`: its draft, e.g. Qwen2-VL-2B beside a 7B, for sd and tree), read through
+qwen-vl-utils and the checkpoint's processor (core/nav/qwen_vl.py), frames resized to
+`vlm_width` x `vlm_height`; deployment robot only. The load log names the VLM and backend a run used.
+
 `overlap` (default true): the next decision is made while the robot executes the current action,
 so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
 starts about one decision time before the motion ends (the bridge's state says how long a motion
@@ -75,8 +80,20 @@ class NavigatorParams(ManagedParams):
     max_actions: int = param(60, "an episode stops after this many actions", low=1)
     max_frame_age_s: float = param(1.0, "decide only from a frame at most this old (else wait for one)", low=0.01)
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    vlm: str = param("", "a local Qwen2-VL / Qwen2.5-VL checkpoint folder as the target ('' = SmolLM2 + the "
+                         "navigation adapter); needs the vlm extra (qwen-vl-utils)")
+    vlm_draft: str = param("", "vlm: the draft's checkpoint folder (same tokenizer; '' = none, mode ar only)")
+    vlm_height: int = param(252, "vlm: frames are resized to this height (pixels, rounded to 28)", low=28,
+                            high=4096)
+    vlm_width: int = param(336, "vlm: frames are resized to this width (pixels, rounded to 28)", low=28, high=4096)
 
     def __post_init__(self) -> None:
+        if self.vlm and self.deployment != "robot":
+            raise ValueError(f"parameter 'vlm': a Qwen VLM runs with deployment robot (each model's own vision "
+                             f"tower reads the frame); got deployment {self.deployment}")
+        if self.vlm and self.mode != "ar" and not self.vlm_draft:
+            raise ValueError(f"parameter 'vlm_draft': mode {self.mode} drafts, and vlm has no draft: give "
+                             "vlm_draft (e.g. Qwen2-VL-2B beside a 7B target) or mode ar")
         if self.mode in ("fsd", "ee") and self.deployment != "edge_cloud":
             raise ValueError(f"parameter 'mode': {self.mode} pre-drafts from a verifier's early exits: it needs "
                              "deployment edge_cloud")
@@ -141,10 +158,18 @@ class NavigatorNode(ManagedNode):
         p = self.params
         set_threads(p.threads)
         remote = p.deployment != "robot"
-        # split deployments: only what the draft shares of the target (its embedding and head)
-        target = draft_home(None, p.draft or None) if remote else load_model()
-        adapter = NavAdapter.load(p.adapter or None, target)
-        draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
+        if p.vlm:  # the user's Qwen VLM (robot only: NavigatorParams)
+            adapter, target, draft = self.qwen_vlm()
+            vlm = (f"{target.hf.config.model_type} {p.vlm}" + (f" (draft {p.vlm_draft})" if p.vlm_draft else "")
+                   + f", {adapter.describe()}")
+        else:
+            # split deployments: only what the draft shares of the target (its embedding and head)
+            target = draft_home(None, p.draft or None) if remote else load_model()
+            adapter = NavAdapter.load(p.adapter or None, target)
+            draft = load_draft(target, p.draft or None).model if p.mode != "ar" or remote else None
+            trained = adapter.training_info.get("action_accuracy")
+            vlm = (f"SmolLM2 + adapter {p.adapter or 'shipped'}"
+                   + (f" (held-out action accuracy {trained:.2f})" if trained is not None else ""))
         if p.deployment == "pipeline":
             mode = "ar" if p.mode == "ar" else "sd"  # the config's: the pipeline's own mode is p.mode
         else:
@@ -172,11 +197,15 @@ class NavigatorNode(ManagedNode):
         self.poses = PoseHistory()
         self.get_logger().info(f"warmed up: a first {'draft' if remote else 'decision'} (a blank frame) in "
                                f"{seconds_:.2f} s")  # torch's first pass is slow
-        trained = adapter.training_info.get("action_accuracy")
         how = "overlapped with motion (carried over by /odom)" if p.overlap else "stop-and-go"
-        return (f"navigating with SmolLM2 + adapter {p.adapter or 'shipped'}"
-                + (f" (held-out action accuracy {trained:.2f})" if trained is not None else "")
-                + f", mode {p.mode} {where}, decisions {how}; {rss_mb():.0f} MB resident")
+        return f"navigating with {vlm}, mode {p.mode} {where}, decisions {how}; {rss_mb():.0f} MB resident"
+
+    def qwen_vlm(self):
+        """(the VLM, target, draft) of a Qwen VLM from local checkpoints (parameters vlm, vlm_draft)."""
+        from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
+
+        p = self.params
+        return QwenVL.load(p.vlm, p.vlm_draft or None, QwenImageSize(p.vlm_height, p.vlm_width))
 
     def remote_navigator(self, adapter, draft, config):
         """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""

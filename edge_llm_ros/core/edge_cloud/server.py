@@ -362,7 +362,7 @@ class EarlyExitVerifier:
         if p + len(tree) > 0:
             mask = causal_mask(length, p + len(tree.tokens))
             mask[p:] = tree.attention_mask(length + p)  # [T, length + p + T]
-        hidden = state.model.embed(torch.tensor([rows + tree.tokens]))  # [1, P + T, E]
+        hidden = state.model.embed(torch.tensor([rows + tree.tokens]), positions)  # [1, P + T, E]
         rope = state.model.rotary_embeddings(hidden, positions.unsqueeze(0))
         mask = None if mask is None else mask.to(hidden.dtype)
         return hidden, rope, mask, p

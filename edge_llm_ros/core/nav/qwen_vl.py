@@ -1,0 +1,106 @@
+"""Qwen2-VL / Qwen2.5-VL as the navigator's VLM: the user's own checkpoints, read from local folders.
+
+Contract: :class:`QwenVL` gives a :class:`~edge_llm_ros.core.nav.navigator.Navigator` what the
+trained adapter (core/nav/vlm.py) gives it, for a Qwen VLM: the prompt, and per frame a view of the
+target (and of the draft) conditioned on the frame. The frame goes through qwen-vl-utils
+(``process_vision_info``: RGB, resized to multiples of the patch grid) and the checkpoint's own
+processor (the chat template, the image's patches and grid), as the models' authors run them;
+each model's own vision tower then makes the image rows (core/vision_lm.py), so the target is
+exactly the checkpoint, and every lossless mode is lossless for it. The draft (Qwen2-VL-2B beside a
+7B target, as in EE §4.4) shares the target's tokenizer and processor.
+
+Frames are resized to one configured size, so every prompt holds the same number of image tokens
+and the prompt of an instruction is made once. qwen-vl-utils imports torchvision: install the
+``vlm`` extra where a torchvision matching the installed torch exists (``make vlm`` on the CPU-only
+dev machines). Knows nothing about ROS.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..vision_lm import MRopeLM, load_vision_lm
+from .actions import ACTIONS, REASON_CHARS
+
+# What the model is told; the action grammar (core/nav/actions.py) holds it to exactly this form.
+TASK = ("You steer a quadruped robot from its front camera. Instruction: {instruction}\n"
+        "Answer with a short reason (lowercase, at most {chars} characters) on one line, then one action:\n"
+        "reason: <why>\naction: <one of {actions}>")
+
+
+@dataclass(frozen=True)
+class QwenImageSize:
+    """The size frames are resized to (pixels; qwen-vl-utils rounds each to its patch factor, 28)."""
+
+    height: int = 252
+    width: int = 336
+
+
+class QwenVL:
+    """A Qwen VLM for the navigator: ``processor`` (the target checkpoint's) and the image size.
+    Models are :class:`MRopeLM`; :meth:`load` reads them from folders."""
+
+    folder = None  # no task exits of its own (core/nav/navigator.nav_exits)
+    training_info: dict = {}
+
+    def __init__(self, processor, size: QwenImageSize | None = None) -> None:
+        import qwen_vl_utils  # noqa: F401  (fail here, naming the extra, rather than at the first frame)
+
+        self.processor = processor
+        self.config = size or QwenImageSize()
+        self._blank = np.zeros((self.config.height, self.config.width, 3), np.uint8)
+
+    @classmethod
+    def load(cls, target: str | os.PathLike, draft: str | os.PathLike | None = None,
+             size: QwenImageSize | None = None) -> tuple[QwenVL, MRopeLM, MRopeLM | None]:
+        """(the VLM, the target, the draft or None) from local checkpoint folders."""
+        target_lm, processor = load_vision_lm(target)
+        draft_lm = None
+        if draft:
+            draft_lm, _ = load_vision_lm(draft)
+            if draft_lm.vocab_size != target_lm.vocab_size or draft_lm.image_token_id != target_lm.image_token_id:
+                raise ValueError(f"draft {draft} reads other tokens than target {target} (vocabulary "
+                                 f"{draft_lm.vocab_size} against {target_lm.vocab_size}): a draft must share the "
+                                 "target's tokenizer")
+            draft_lm.tokenizer = target_lm.tokenizer
+        return cls(processor, size), target_lm, draft_lm
+
+    def describe(self) -> str:
+        return f"Qwen VLM through qwen-vl-utils, frames at {self.config.width}x{self.config.height}"
+
+    # -- what the navigator asks ------------------------------------------------------------------
+
+    def attach(self, lm: MRopeLM, model: str) -> MRopeLM:
+        """The checkpoint is the model: nothing to merge (the trained adapter's LoRA goes here)."""
+        return lm
+
+    def inputs(self, frame: np.ndarray, instruction: str = "") -> dict:
+        """The processor's tensors for ``frame`` (RGB uint8 [H, W, 3]) and ``instruction``: input_ids,
+        pixel_values, image_grid_thw."""
+        from PIL import Image
+        from qwen_vl_utils import process_vision_info
+
+        c = self.config
+        image = {"type": "image", "image": Image.fromarray(np.ascontiguousarray(frame)), "resized_height": c.height,
+                 "resized_width": c.width}
+        text = TASK.format(instruction=instruction.strip(), chars=REASON_CHARS, actions=", ".join(ACTIONS))
+        messages = [{"role": "user", "content": [image, {"type": "text", "text": text}]}]
+        prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        images, _ = process_vision_info(messages)
+        return self.processor(text=[prompt], images=images, return_tensors="pt")
+
+    def prompt_ids(self, tokenizer, instruction: str) -> list[int]:
+        """The prompt's token ids: the chat template around the image's tokens and the task."""
+        return self.inputs(self._blank, instruction)["input_ids"][0].tolist()
+
+    def condition(self, lm: MRopeLM, frame: np.ndarray, model: str = "target") -> MRopeLM:
+        """A view of ``lm`` whose prompt's image tokens are ``frame`` (see MRopeLM.with_image)."""
+        batch = self.inputs(frame)
+        return lm.with_image(batch["input_ids"][0].tolist(), batch["pixel_values"], batch["image_grid_thw"])
+
+    def features(self, frame: np.ndarray):
+        raise NotImplementedError("a Qwen VLM runs on one device here (deployment robot): its image rows come "
+                                  "from each model's own vision tower, not from features a robot could send")
