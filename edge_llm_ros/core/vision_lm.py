@@ -104,6 +104,10 @@ class MRopeLM(TorchCausalLM):
         positions = position_ids.expand_as(token_ids)  # [B, T] cache indices
         slot = torch.searchsorted(self.image.at, positions).clamp(max=len(self.image.at) - 1)  # [B, T]
         placed = hits & (self.image.at[slot] == positions)  # an image token at one of the image's indices
+        stray = hits & ~placed & (positions < self.image.table.shape[1])
+        if bool(stray.any()):  # a prompt laid out otherwise than the one the image was placed in
+            raise ValueError(f"an image token at prompt position {int(positions[stray][0])}, where the image has "
+                             "no row: the prompt and the image's placement come from different templates or sizes")
         return torch.where(placed.unsqueeze(-1), self.image.rows[slot], hidden)
 
     def rotary_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,11 +153,12 @@ VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video
 
 
 def save_tiny_vlm(folder: str | os.PathLike, model_type: str = "qwen2_vl", *, hidden: int = 32, layers: int = 2,
-                  seed: int = 0, init_range: float = 0.3) -> str:
+                  seed: int = 0, init_range: float = 0.3, vocab_padding: int = 0) -> str:
     """Write a random Qwen2-VL (or Qwen2.5-VL) checkpoint with small dims into ``folder``, laid out
     as a published one (config, safetensors, tokenizer, image and video processor configs, chat
     template), for tests and examples: SmolLM2's tokenizer plus Qwen's four vision tokens, a one-block
-    vision tower. ``init_range`` as in models.tiny_llama: peaked distributions, no greedy ties."""
+    vision tower. ``init_range`` as in models.tiny_llama: peaked distributions, no greedy ties.
+    ``vocab_padding``: head rows beyond the tokenizer's (real checkpoints pad: 2B and 7B differ)."""
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
     from .models import load_tokenizer
@@ -166,7 +171,7 @@ def save_tiny_vlm(folder: str | os.PathLike, model_type: str = "qwen2_vl", *, hi
     tokenizer.save_pretrained(folder)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     heads = 4
-    text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    text = dict(vocab_size=len(tokenizer) + vocab_padding, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=1024,
                 initializer_range=init_range, tie_word_embeddings=True, bos_token_id=None,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=None,

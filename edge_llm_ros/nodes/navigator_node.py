@@ -27,7 +27,9 @@ answers are again the one-device answers. A stage that refuses, dies or does not
 `vlm`: a local Qwen2-VL or Qwen2.5-VL checkpoint folder instead of SmolLM2 + the trained adapter
 (`vlm_draft`: its draft, e.g. Qwen2-VL-2B beside a 7B, for sd and tree), read through
 qwen-vl-utils and the checkpoint's processor (core/nav/qwen_vl.py), frames resized to
-`vlm_width` x `vlm_height`; deployment robot only. The load log names the VLM and backend a run used.
+`vlm_width` x `vlm_height`. Over edge_cloud the robot holds `vlm_draft` only (the target is the
+verifier's `nav_vlm`) and sends the resized frame with round 0. The load log names the VLM and
+backend a run used.
 
 `overlap` (default true): the next decision is made while the robot executes the current action,
 so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
@@ -82,18 +84,27 @@ class NavigatorParams(ManagedParams):
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
     vlm: str = param("", "a local Qwen2-VL / Qwen2.5-VL checkpoint folder as the target ('' = SmolLM2 + the "
                          "navigation adapter); needs the vlm extra (qwen-vl-utils)")
-    vlm_draft: str = param("", "vlm: the draft's checkpoint folder (same tokenizer; '' = none, mode ar only)")
+    vlm_draft: str = param("", "the Qwen draft's checkpoint folder (same tokenizer as the target; '' = none, mode "
+                               "ar only); over edge_cloud the only model here (the verifier's nav_vlm verifies)")
     vlm_height: int = param(252, "vlm: frames are resized to this height (pixels, rounded to 28)", low=28,
                             high=4096)
     vlm_width: int = param(336, "vlm: frames are resized to this width (pixels, rounded to 28)", low=28, high=4096)
 
     def __post_init__(self) -> None:
-        if self.vlm and self.deployment != "robot":
-            raise ValueError(f"parameter 'vlm': a Qwen VLM runs with deployment robot (each model's own vision "
-                             f"tower reads the frame); got deployment {self.deployment}")
+        if (self.vlm or self.vlm_draft) and self.deployment == "pipeline":
+            raise ValueError("parameter 'vlm': a Qwen VLM runs with deployment robot or edge_cloud (a stage holds "
+                             "no vision tower); got deployment pipeline")
+        if self.vlm and self.deployment == "edge_cloud":
+            raise ValueError("parameter 'vlm': over edge_cloud the target is the verifier's (its nav_vlm); give "
+                             "this robot its draft as vlm_draft")
         if self.vlm and self.mode != "ar" and not self.vlm_draft:
             raise ValueError(f"parameter 'vlm_draft': mode {self.mode} drafts, and vlm has no draft: give "
                              "vlm_draft (e.g. Qwen2-VL-2B beside a 7B target) or mode ar")
+
+    @property
+    def qwen(self) -> bool:
+        """A Qwen VLM: the target here (vlm) or the draft of the verifier's (vlm_draft over edge_cloud)."""
+        return bool(self.vlm or (self.vlm_draft and self.deployment == "edge_cloud"))
         if self.mode in ("fsd", "ee") and self.deployment != "edge_cloud":
             raise ValueError(f"parameter 'mode': {self.mode} pre-drafts from a verifier's early exits: it needs "
                              "deployment edge_cloud")
@@ -158,10 +169,11 @@ class NavigatorNode(ManagedNode):
         p = self.params
         set_threads(p.threads)
         remote = p.deployment != "robot"
-        if p.vlm:  # the user's Qwen VLM (robot only: NavigatorParams)
+        if p.qwen:  # the user's Qwen VLM: target and draft here, or the draft of the verifier's target
             adapter, target, draft = self.qwen_vlm()
-            vlm = (f"{target.hf.config.model_type} {p.vlm}" + (f" (draft {p.vlm_draft})" if p.vlm_draft else "")
-                   + f", {adapter.describe()}")
+            kind = target.hf.config.model_type
+            vlm = (f"{kind} {p.vlm} (draft {p.vlm_draft or 'none'})" if not remote
+                   else f"{kind} draft {p.vlm_draft}") + f", {adapter.describe()}"
         else:
             # split deployments: only what the draft shares of the target (its embedding and head)
             target = draft_home(None, p.draft or None) if remote else load_model()
@@ -187,7 +199,7 @@ class NavigatorNode(ManagedNode):
         elif remote:
             self.navigator = self.remote_navigator(adapter, draft, config)
             seconds_ = self.navigator.warm_up(blank, "go to the red chair")
-            where = (f"over edge-cloud: the draft here, SmolLM2 + the adapter on the verifier serving task nav "
+            where = (f"over edge-cloud: the draft here, the target on the verifier serving task nav "
                      f"({self.resolve_topic_name('draft')} -> {self.resolve_topic_name('verify')})")
         else:
             self.navigator = Navigator(adapter, target, draft, config)
@@ -205,7 +217,11 @@ class NavigatorNode(ManagedNode):
         from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
 
         p = self.params
-        return QwenVL.load(p.vlm, p.vlm_draft or None, QwenImageSize(p.vlm_height, p.vlm_width))
+        size = QwenImageSize(p.vlm_height, p.vlm_width)
+        if p.deployment == "edge_cloud":
+            vlm, draft, _ = QwenVL.load(p.vlm_draft, size=size)
+            return vlm, draft, draft
+        return QwenVL.load(p.vlm, p.vlm_draft or None, size)
 
     def remote_navigator(self, adapter, draft, config):
         """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""

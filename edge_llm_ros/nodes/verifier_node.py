@@ -23,6 +23,9 @@ robot; verified if the previous round committed its `assumed_ids`, dropped silen
 Navigation (`nav_adapter` set): the verifier also serves task "nav", a navigator_node's decisions
 over edge-cloud: the target with the navigation adapter's LoRA merged, conditioned per request on
 the image features its round 0 carries, and constrained to the action grammar (core/nav).
+`nav_vlm` (a local Qwen2-VL / Qwen2.5-VL checkpoint) makes that checkpoint the target instead,
+conditioned on the resized frame round 0 carries (core/nav/qwen_vl.py; the robot's navigator
+holds its draft, `vlm_draft`); its early exits are `exits` if given, else none.
 
 `~/profile` (srv/Profile) measures the target here, now: milliseconds per row count over a cached
 prefix, on the verify thread between two drafts (the bench's simulator takes the server's speed
@@ -62,9 +65,17 @@ class VerifierParams(ManagedParams):
     threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
     nav_adapter: str = param("", "also serve navigation decisions (task nav) with this adapter: 'shipped' (SmolLM2's, "
                                  "edge-llm-ros train nav) or a folder; '' = text only")
+    nav_vlm: str = param("", "serve navigation decisions (task nav) with this local Qwen2-VL / Qwen2.5-VL checkpoint "
+                             "as the target instead (needs the vlm extra); '' = the model above")
+    vlm_height: int = param(252, "nav_vlm: the frame height the navigators send (as their vlm_height)", low=28,
+                            high=4096)
+    vlm_width: int = param(336, "nav_vlm: the frame width the navigators send (as their vlm_width)", low=28,
+                           high=4096)
 
     def __post_init__(self) -> None:
         self.layers()
+        if self.nav_vlm and self.nav_adapter:
+            raise ValueError("parameter 'nav_adapter': nav_vlm serves task nav with a Qwen VLM; give one of the two")
 
     def layers(self) -> list[int] | None:
         try:
@@ -102,10 +113,17 @@ class VerifierNode(ManagedNode):
         p = self.params
         if p.threads:
             torch.set_num_threads(p.threads)
-        target = load_model(p.model or None)
-        exits = load_exits(target, p.exits or None)
+        if p.nav_vlm:  # a Qwen VLM is the target; its exits only if trained for it
+            from edge_llm_ros.core.vision_lm import load_vision_lm
+
+            target, _ = load_vision_lm(p.nav_vlm)
+            exits = load_exits(target, p.exits) if p.exits else None
+        else:
+            target = load_model(p.model or None)
+            exits = load_exits(target, p.exits or None)
         tasks = self.tasks(target)
-        self.verifier = EarlyExitVerifier(target, exits, layers=p.layers(), min_confidence=p.min_confidence,
+        self.verifier = EarlyExitVerifier(target, exits, layers=p.layers() if exits else None,
+                                          min_confidence=p.min_confidence,
                                           max_requests=p.max_requests, eos_ids=eos_ids(target), tasks=tasks)
         if tasks:
             self.get_logger().info(f"warmed up the tasks' models in {self.verifier.warm_up():.2f} s")
@@ -122,7 +140,13 @@ class VerifierNode(ManagedNode):
         """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
         from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_exits, nav_task
 
-        adapter = nav_adapter_param(self.params.nav_adapter, target)
+        p = self.params
+        if p.nav_vlm:
+            from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
+
+            vlm, _, _ = QwenVL.load(p.nav_vlm, size=QwenImageSize(p.vlm_height, p.vlm_width))
+            return {NAV_TASK: nav_task(vlm, target)}
+        adapter = nav_adapter_param(p.nav_adapter, target)
         return {} if adapter is None else {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
 
     def unload(self) -> None:

@@ -1,8 +1,10 @@
 """Qwen2-VL and Qwen2.5-VL under the engine, through the real processor path (qwen-vl-utils and the
 checkpoint's processor), on tiny random checkpoints written as published ones: the engine's logits
 and greedy tokens equal transformers' own forward and generate with the image; every lossless mode
-gives AR's answer under the action grammar; the navigator decides with them. These tests need the
-``vlm`` extra (qwen-vl-utils, torchvision): `make test` runs them in .venv-vlm (`make vlm`)."""
+gives AR's answer under the action grammar; the navigator decides with them, on one device and over
+edge-cloud (the draft on the robot, the target on the verifier, the resized frame sent with round
+0). These tests need the ``vlm`` extra (qwen-vl-utils, torchvision): `make test` runs them in
+.venv-vlm (`make vlm`)."""
 
 import numpy as np
 import pytest
@@ -23,10 +25,11 @@ SIZE = QwenImageSize(height=84, width=112)  # 3 x 4 merged patches: 12 image row
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def checkpoints(request, tmp_path_factory):
-    """(target folder, draft folder) of one model type: 2 layers and 1, other seeds."""
+    """(target folder, draft folder) of one model type: 2 layers and 1, other seeds, heads padded
+    differently (as Qwen2-VL-7B's and 2B's: 152,064 and 151,936 rows for one tokenizer)."""
     root = tmp_path_factory.mktemp(request.param)
-    return (save_tiny_vlm(root / "target", request.param, layers=2, seed=1),
-            save_tiny_vlm(root / "draft", request.param, layers=1, seed=2))
+    return (save_tiny_vlm(root / "target", request.param, layers=2, seed=1, vocab_padding=12),
+            save_tiny_vlm(root / "draft", request.param, layers=1, seed=2, vocab_padding=4))
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,14 @@ def frames():
     world, camera = generate(3), Camera()
     start = world.start
     return [camera.render(world, Pose(start.x, start.y, start.yaw + turn)) for turn in (0.0, 1.5, 3.0)]
+
+
+def test_a_draft_padded_otherwise_scores_at_the_targets_width(vlm):
+    _, target, draft = vlm
+    assert target.vocab_size == len(target.tokenizer) + 12 == draft.vocab_size
+    logits = draft(torch.tensor([1, 2, 3]), torch.arange(3), None, draft.new_cache(3))  # [3, V]
+    assert logits.shape[-1] == target.vocab_size and torch.isinf(logits[:, len(target.tokenizer):]).all()
+    assert torch.isfinite(logits[:, :len(target.tokenizer)]).all()
 
 
 def test_the_engine_reads_the_image_as_transformers_does(vlm, frames, checkpoints):
@@ -75,7 +86,7 @@ def test_greedy_tokens_equal_transformers_generate(vlm, frames):
     assert ours == out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("mode", ["sd", "tree"])
+@pytest.mark.parametrize("mode", ["sd", "tree", "llmcad"])
 def test_speculative_modes_give_the_constrained_ar_answer(vlm, frames, mode):
     adapter, target, draft = vlm
     grammar = answer_grammar(target.tokenizer, target.vocab_size)
@@ -115,3 +126,44 @@ def test_bad_checkpoints_are_refused_naming_why(tmp_path, checkpoints):
     batch = adapter.inputs(np.zeros((84, 112, 3), np.uint8))
     with pytest.raises(ValueError, match="16 image tokens, the image makes 12 rows"):
         target.with_image(prompt, batch["pixel_values"], batch["image_grid_thw"])
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "tree"])
+def test_over_edge_cloud_every_mode_gives_the_one_device_answer(vlm, frames, mode):
+    """The robot holds the draft and sends the resized frame; the verifier serves the target as
+    task nav (nav_task over the same QwenVL) and conditions it on that frame."""
+    from edge_llm_ros.core.edge_cloud import EarlyExitDrafter, EarlyExitVerifier, edge_cloud_rounds
+    from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, nav_task
+
+    adapter, target, draft = vlm
+    verifier = EarlyExitVerifier(target, None, tasks={NAV_TASK: nav_task(adapter, target)},
+                                 eos_ids=[target.tokenizer.eos_token_id])
+    robot = EarlyExitDrafter([ModelDrafter(draft)], seed=0)
+
+    def rounds(request_id, prompt, config, **start):
+        return edge_cloud_rounds(verifier, robot, prompt, config, request_id=request_id, **start)
+
+    config = GenerationConfig(max_new_tokens=64, gamma=3, tree_depth=3, tree_width=6)
+    local = Navigator(adapter, target, None, config)
+    remote = EdgeCloudNavigator(adapter, draft, rounds, mode, config)
+    try:
+        for frame in frames:
+            assert adapter.features(frame).shape == (84, 112, 3)
+            want, got = local.decide(frame, INSTRUCTION), remote.decide(frame, INSTRUCTION)
+            assert got.text == want.text and got.command == want.command
+            assert got.confidence == pytest.approx(want.confidence, rel=1e-5)
+        assert verifier.requests == [] and robot.requests == []
+    finally:
+        robot.close()
+
+
+def test_the_verifier_refuses_an_image_of_another_size_naming_it(vlm):
+    from edge_llm_ros.core.edge_cloud import DraftError, EarlyExitVerifier
+    from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
+
+    adapter, target, _ = vlm
+    verifier = EarlyExitVerifier(target, None, tasks={NAV_TASK: nav_task(adapter, target)})
+    prompt = adapter.prompt_ids(target.tokenizer, INSTRUCTION)
+    with pytest.raises(DraftError, match=r"image_features.*112 x 84 RGB values in 0-255 \(28224 values"):
+        verifier.start("too-small", prompt, NAV_TASK, [0.0] * 300)
+    assert verifier.requests == []

@@ -23,7 +23,8 @@ MAX_TOPK = 4096  # largest proposal support DraftRequest.from_tree will put on t
 PROPOSAL_TOP_K = 64  # a sampled draft's proposal support: 64 ids + probs per node (512 B) on the wire
 MAX_REQUEST_ID = 128  # characters; a request id is a key the verifier holds, so it is bounded
 MAX_TASK = 64  # characters of a task name
-MAX_IMAGE_FEATURES = 1 << 16  # values of one round-0 image (the nav adapter sends 8 x 64)
+MAX_IMAGE_FEATURES = 1 << 20  # values of one round-0 image (the nav adapter sends 8 x 64; a Qwen VLM the
+#                              resized frame, 336 x 252 x 3 by default: core/nav/qwen_vl.py)
 
 
 class DraftError(ValueError):

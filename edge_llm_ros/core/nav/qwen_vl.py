@@ -10,20 +10,27 @@ exactly the checkpoint, and every lossless mode is lossless for it. The draft (Q
 7B target, as in EE §4.4) shares the target's tokenizer and processor.
 
 Frames are resized to one configured size, so every prompt holds the same number of image tokens
-and the prompt of an instruction is made once. qwen-vl-utils imports torchvision: install the
+and the prompt of an instruction is made once. Over edge-cloud the robot sends that resized frame
+(:meth:`QwenVL.features`, h x w x 3 values) with round 0, and the server conditions its target on
+it through the same path (:meth:`QwenVL.condition_on`), so both halves read the same pixels.
+qwen-vl-utils imports torchvision: install the
 ``vlm`` extra where a torchvision matching the installed torch exists (``make vlm`` on the CPU-only
 dev machines). Knows nothing about ROS.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..vision_lm import MRopeLM, load_vision_lm
 from .actions import ACTIONS, REASON_CHARS
+
+PATCH_FACTOR = 28  # Qwen2-VL and Qwen2.5-VL: 14-pixel patches merged 2 x 2
 
 # What the model is told; the action grammar (core/nav/actions.py) holds it to exactly this form.
 TASK = ("You steer a quadruped robot from its front camera. Instruction: {instruction}\n"
@@ -47,24 +54,30 @@ class QwenVL:
     training_info: dict = {}
 
     def __init__(self, processor, size: QwenImageSize | None = None) -> None:
-        import qwen_vl_utils  # noqa: F401  (fail here, naming the extra, rather than at the first frame)
+        from qwen_vl_utils import smart_resize  # here, not at the first frame, if the vlm extra is missing
 
         self.processor = processor
         self.config = size or QwenImageSize()
-        self._blank = np.zeros((self.config.height, self.config.width, 3), np.uint8)
+        # the pixels a frame is resized to (qwen-vl-utils rounds each side to its patch factor)
+        self.shape = (*smart_resize(self.config.height, self.config.width, factor=PATCH_FACTOR), 3)
+        self._image_prompt: list[int] | None = None  # a prompt's part up to the image's end is the same for all
 
     @classmethod
     def load(cls, target: str | os.PathLike, draft: str | os.PathLike | None = None,
              size: QwenImageSize | None = None) -> tuple[QwenVL, MRopeLM, MRopeLM | None]:
-        """(the VLM, the target, the draft or None) from local checkpoint folders."""
+        """(the VLM, the target, the draft or None) from local checkpoint folders. A robot whose
+        target runs elsewhere loads its draft as ``target`` (the processor comes with it)."""
         target_lm, processor = load_vision_lm(target)
         draft_lm = None
         if draft:
-            draft_lm, _ = load_vision_lm(draft)
-            if draft_lm.vocab_size != target_lm.vocab_size or draft_lm.image_token_id != target_lm.image_token_id:
-                raise ValueError(f"draft {draft} reads other tokens than target {target} (vocabulary "
-                                 f"{draft_lm.vocab_size} against {target_lm.vocab_size}): a draft must share the "
-                                 "target's tokenizer")
+            draft_lm, draft_processor = load_vision_lm(draft)
+            tokens = len(processor.tokenizer)
+            if (len(draft_processor.tokenizer) != tokens or draft_lm.image_token_id != target_lm.image_token_id
+                    or min(draft_lm.vocab_size, target_lm.vocab_size) < tokens):
+                raise ValueError(f"draft {draft} reads other tokens than target {target} ({len(draft_processor.tokenizer)} "
+                                 f"tokens against {tokens}): a draft must share the target's tokenizer")
+            if draft_lm.vocab_size != target_lm.vocab_size:  # heads padded differently (Qwen2-VL 2B and 7B)
+                draft_lm = draft_lm.with_vocabulary(range(tokens), width=target_lm.vocab_size)
             draft_lm.tokenizer = target_lm.tokenizer
         return cls(processor, size), target_lm, draft_lm
 
@@ -78,8 +91,8 @@ class QwenVL:
         return lm
 
     def inputs(self, frame: np.ndarray, instruction: str = "") -> dict:
-        """The processor's tensors for ``frame`` (RGB uint8 [H, W, 3]) and ``instruction``: input_ids,
-        pixel_values, image_grid_thw."""
+        """The processor's tensors for ``frame`` (RGB uint8 [H, W, 3], any size) and ``instruction``:
+        input_ids, pixel_values, image_grid_thw."""
         from PIL import Image
         from qwen_vl_utils import process_vision_info
 
@@ -94,13 +107,32 @@ class QwenVL:
 
     def prompt_ids(self, tokenizer, instruction: str) -> list[int]:
         """The prompt's token ids: the chat template around the image's tokens and the task."""
-        return self.inputs(self._blank, instruction)["input_ids"][0].tolist()
+        return self.inputs(np.zeros(self.shape, np.uint8), instruction)["input_ids"][0].tolist()
+
+    def features(self, frame: np.ndarray) -> torch.Tensor:
+        """``frame`` resized as qwen-vl-utils resizes it, [h, w, 3] values 0-255: what a robot sends
+        its verifier with round 0 (each model's own vision tower reads it there)."""
+        from PIL import Image
+        from qwen_vl_utils import fetch_image
+
+        c = self.config
+        image = fetch_image({"image": Image.fromarray(np.ascontiguousarray(frame)), "resized_height": c.height,
+                             "resized_width": c.width})
+        return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).float()
 
     def condition(self, lm: MRopeLM, frame: np.ndarray, model: str = "target") -> MRopeLM:
         """A view of ``lm`` whose prompt's image tokens are ``frame`` (see MRopeLM.with_image)."""
-        batch = self.inputs(frame)
-        return lm.with_image(batch["input_ids"][0].tolist(), batch["pixel_values"], batch["image_grid_thw"])
+        return self.condition_on(lm, self.features(frame), model)
 
-    def features(self, frame: np.ndarray):
-        raise NotImplementedError("a Qwen VLM runs on one device here (deployment robot): its image rows come "
-                                  "from each model's own vision tower, not from features a robot could send")
+    def condition_on(self, lm: MRopeLM, features, model: str = "target") -> MRopeLM:
+        """:meth:`condition` from the frame's :meth:`features` (or their values, row-major); ValueError
+        naming the expected size if they are not h x w x 3 values in 0-255."""
+        values = torch.as_tensor(features, dtype=torch.float32)
+        if values.numel() != math.prod(self.shape) or not bool(((values >= 0) & (values <= 255)).all()):
+            raise ValueError(f"the image must be {self.shape[1]} x {self.shape[0]} RGB values in 0-255 "
+                             f"({math.prod(self.shape)} values: this VLM's frame size), got {values.numel()}")
+        frame = values.reshape(self.shape).round().to(torch.uint8).numpy()
+        batch = self.inputs(frame)
+        if self._image_prompt is None:
+            self._image_prompt = batch["input_ids"][0].tolist()
+        return lm.with_image(self._image_prompt, batch["pixel_values"], batch["image_grid_thw"])
