@@ -68,11 +68,10 @@ class GoalHandle:
 
 class RclpyActionClient:
     def __init__(self, node: Any, action_type: Any, name: str) -> None:
-        from rclpy.action import ActionClient
-        from rclpy.qos import QoSProfile
+        from edge_llm_ros.runtime.ros import ActionClient
 
         # a streamed answer's feedback, all of it, also while this process's executor is busy
-        self._client = ActionClient(node, action_type, name, feedback_sub_qos_profile=QoSProfile(depth=100))
+        self._client = ActionClient(node, action_type, name)
         self._node = node
 
     def wait_for_server(self, timeout_sec: float) -> bool:

@@ -52,13 +52,13 @@ BACKEND, WHY = _choose_backend()
 
 if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is installed
     import rclpy
-    from rclpy.action import ActionClient, CancelResponse, GoalResponse
+    from rclpy.action import CancelResponse, GoalResponse
     from rclpy.qos import QoSProfile
     from rclpy.task import Future
 
     from .link import rclpy_shaped as shaped
-    from .ros import (ActionServer, LifecycleNode, LifecycleState, Node, ParameterError, TransitionCallbackReturn,
-                      init, shutdown, spin)
+    from .ros import (ActionClient, ActionServer, LifecycleNode, LifecycleState, Node, ParameterError,
+                      TransitionCallbackReturn, init, shutdown, spin)
 
     ok, spin_once, spin_until_future_complete = rclpy.ok, rclpy.spin_once, rclpy.spin_until_future_complete
     ServiceTimeoutError = TimeoutError
