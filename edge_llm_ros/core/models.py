@@ -194,22 +194,28 @@ class TorchCausalLM:
         view._embedding_rows = (ids, values.to(self.device))
         return view
 
-    def with_vocabulary(self, token_ids: Sequence[int], width: int | None = None) -> TorchCausalLM:
+    def with_vocabulary(self, token_ids: Sequence[int]) -> TorchCausalLM:
         """A view whose head computes the logits of ``token_ids`` only, every other token's at -inf:
         for constrained decoding, where no other token can ever be allowed (core/constraint.py: a
         grammar's candidates and EOS), the same greedy choices and masked distributions at a fraction
-        of the head's cost. Shares every weight with this model but the head's rows, copied once.
-        ``width``: the logits' width (default this model's vocabulary): a draft whose head is padded
-        otherwise than its target's scores at the target's width (Qwen2-VL-2B has 151,936 rows,
-        7B 152,064, for one tokenizer)."""
+        of the head's cost. Shares every weight with this model but the head's rows, copied once."""
         ids = torch.tensor(sorted({int(i) for i in token_ids}), dtype=torch.long)
-        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
-            raise ValueError(f"a vocabulary view needs token ids in 0..{self.vocab_size - 1}")
+        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.lm_head.weight.shape[0]:
+            raise ValueError(f"a vocabulary view needs token ids in 0..{self.lm_head.weight.shape[0] - 1}")
         view = copy.copy(self)
-        view.vocab_size = self.vocab_size if width is None else width
         weight = self.lm_head.weight.detach()[ids.to(self.lm_head.weight.device)]  # [n, E]
         bias = None if self.lm_head.bias is None else self.lm_head.bias.detach()[ids]
         view._vocabulary = (ids.to(self.device), weight.contiguous(), weight.t().contiguous(), bias)
+        return view
+
+    def with_width(self, width: int) -> TorchCausalLM:
+        """A view whose logits are ``width`` wide, -inf past this model's own head rows: a draft whose
+        head is padded otherwise than its target's scores at the target's width (Qwen2-VL-2B's head
+        has 151,936 rows, 7B's 152,064, for one tokenizer). Shares every weight."""
+        if width < self.lm_head.weight.shape[0]:
+            raise ValueError(f"logits {width} wide would cut this model's {self.lm_head.weight.shape[0]} head rows")
+        view = copy.copy(self)
+        view.vocab_size = width
         return view
 
     def rotary_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,9 +319,11 @@ class TorchCausalLM:
         elif rows <= SWAPPED_HEAD_ROWS:
             out = (self.lm_head.weight @ flat.t()).t()
         else:
-            return self.lm_head(x)
-        if self.lm_head.bias is not None:
+            out = self.lm_head(flat)
+        if self.lm_head.bias is not None and rows <= SWAPPED_HEAD_ROWS:
             out = out + self.lm_head.bias
+        if out.shape[-1] < self.vocab_size:  # a view wider than the head (with_width)
+            out = F.pad(out, (0, self.vocab_size - out.shape[-1]), value=float("-inf"))
         return out.reshape(*x.shape[:-1], -1)
 
     @torch.inference_mode()

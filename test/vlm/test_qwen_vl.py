@@ -50,10 +50,12 @@ def frames():
 
 def test_a_draft_padded_otherwise_scores_at_the_targets_width(vlm):
     _, target, draft = vlm
+    own = len(target.tokenizer) + 4  # the draft's head rows
     assert target.vocab_size == len(target.tokenizer) + 12 == draft.vocab_size
-    logits = draft(torch.tensor([1, 2, 3]), torch.arange(3), None, draft.new_cache(3))  # [3, V]
-    assert logits.shape[-1] == target.vocab_size and torch.isinf(logits[:, len(target.tokenizer):]).all()
-    assert torch.isfinite(logits[:, :len(target.tokenizer)]).all()
+    for rows in (1, 3, 16):  # each of the head's paths
+        logits = draft(torch.arange(1, rows + 1), torch.arange(rows), None, draft.new_cache(rows))  # [rows, V]
+        assert logits.shape == (rows, target.vocab_size)
+        assert torch.isinf(logits[:, own:]).all() and torch.isfinite(logits[:, :own]).all()
 
 
 def test_the_engine_reads_the_image_as_transformers_does(vlm, frames, checkpoints):

@@ -77,7 +77,7 @@ class QwenVL:
                 raise ValueError(f"draft {draft} reads other tokens than target {target} ({len(draft_processor.tokenizer)} "
                                  f"tokens against {tokens}): a draft must share the target's tokenizer")
             if draft_lm.vocab_size != target_lm.vocab_size:  # heads padded differently (Qwen2-VL 2B and 7B)
-                draft_lm = draft_lm.with_vocabulary(range(tokens), width=target_lm.vocab_size)
+                draft_lm = draft_lm.with_width(target_lm.vocab_size)
             draft_lm.tokenizer = target_lm.tokenizer
         return cls(processor, size), target_lm, draft_lm
 
