@@ -97,6 +97,9 @@ class NavigatorParams(ManagedParams):
         if self.vlm and self.deployment == "edge_cloud":
             raise ValueError("parameter 'vlm': over edge_cloud the target is the verifier's (its nav_vlm); give "
                              "this robot its draft as vlm_draft")
+        if self.vlm_draft and not self.vlm and self.deployment == "robot":
+            raise ValueError("parameter 'vlm_draft': a Qwen draft here needs its target here too: give vlm (or "
+                             "deployment edge_cloud, the target on the verifier)")
         if self.vlm and self.mode != "ar" and not self.vlm_draft:
             raise ValueError(f"parameter 'vlm_draft': mode {self.mode} drafts, and vlm has no draft: give "
                              "vlm_draft (e.g. Qwen2-VL-2B beside a 7B target) or mode ar")

@@ -38,6 +38,18 @@ TASK = ("You steer a quadruped robot from its front camera. Instruction: {instru
         "reason: <why>\naction: <one of {actions}>")
 
 
+def require_vlm_extra():
+    """qwen_vl_utils, or ImportError saying what to install: it is missing, or the torchvision it
+    imports is not built for the installed torch."""
+    try:
+        import qwen_vl_utils
+    except Exception as exc:  # ModuleNotFoundError, or torchvision's "operator torchvision::nms does not exist"
+        raise ImportError(f"a Qwen VLM needs the vlm extra: qwen-vl-utils and a torchvision built for the installed "
+                          f"torch (pip install -e '.[engine,vlm]'; on the CPU-only dev machines make vlm, then "
+                          f".venv-vlm): {type(exc).__name__}: {exc}") from exc
+    return qwen_vl_utils
+
+
 @dataclass(frozen=True)
 class QwenImageSize:
     """The size frames are resized to (pixels; qwen-vl-utils rounds each to its patch factor, 28)."""
@@ -54,8 +66,7 @@ class QwenVL:
     training_info: dict = {}
 
     def __init__(self, processor, size: QwenImageSize | None = None) -> None:
-        from qwen_vl_utils import smart_resize  # here, not at the first frame, if the vlm extra is missing
-
+        smart_resize = require_vlm_extra().smart_resize
         self.processor = processor
         self.config = size or QwenImageSize()
         # the pixels a frame is resized to (qwen-vl-utils rounds each side to its patch factor)
@@ -67,6 +78,7 @@ class QwenVL:
              size: QwenImageSize | None = None) -> tuple[QwenVL, MRopeLM, MRopeLM | None]:
         """(the VLM, the target, the draft or None) from local checkpoint folders. A robot whose
         target runs elsewhere loads its draft as ``target`` (the processor comes with it)."""
+        require_vlm_extra()  # before loading any weights
         target_lm, processor = load_vision_lm(target)
         draft_lm = None
         if draft:
