@@ -113,15 +113,17 @@ class VerifierNode(ManagedNode):
         p = self.params
         if p.threads:
             torch.set_num_threads(p.threads)
-        if p.nav_vlm:  # a Qwen VLM is the target; its exits only if trained for it
-            from edge_llm_ros.core.vision_lm import load_vision_lm
+        if p.nav_vlm:  # a Qwen VLM is the target, serving task nav; its exits only if trained for it
+            from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
+            from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
 
-            target, _ = load_vision_lm(p.nav_vlm)
+            vlm, target, _ = QwenVL.load(p.nav_vlm, size=QwenImageSize(p.vlm_height, p.vlm_width))
             exits = load_exits(target, p.exits) if p.exits else None
+            tasks = {NAV_TASK: nav_task(vlm, target)}
         else:
             target = load_model(p.model or None)
             exits = load_exits(target, p.exits or None)
-        tasks = self.tasks(target)
+            tasks = self.tasks(target)
         self.verifier = EarlyExitVerifier(target, exits, layers=p.layers() if exits else None,
                                           min_confidence=p.min_confidence,
                                           max_requests=p.max_requests, eos_ids=eos_ids(target), tasks=tasks)
@@ -140,13 +142,7 @@ class VerifierNode(ManagedNode):
         """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
         from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_exits, nav_task
 
-        p = self.params
-        if p.nav_vlm:
-            from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
-
-            vlm, _, _ = QwenVL.load(p.nav_vlm, size=QwenImageSize(p.vlm_height, p.vlm_width))
-            return {NAV_TASK: nav_task(vlm, target)}
-        adapter = nav_adapter_param(p.nav_adapter, target)
+        adapter = nav_adapter_param(self.params.nav_adapter, target)
         return {} if adapter is None else {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
 
     def unload(self) -> None:

@@ -13,9 +13,8 @@ Frames are resized to one configured size, so every prompt holds the same number
 and the prompt of an instruction is made once. Over edge-cloud the robot sends that resized frame
 (:meth:`QwenVL.features`, h x w x 3 values) with round 0, and the server conditions its target on
 it through the same path (:meth:`QwenVL.condition_on`), so both halves read the same pixels.
-qwen-vl-utils imports torchvision: install the
-``vlm`` extra where a torchvision matching the installed torch exists (``make vlm`` on the CPU-only
-dev machines). Knows nothing about ROS.
+qwen-vl-utils imports torchvision: install the ``vlm`` extra where a torchvision matching the
+installed torch exists (``make vlm`` on the CPU-only dev machines). Knows nothing about ROS.
 """
 
 from __future__ import annotations
