@@ -40,6 +40,23 @@ class ManagedParams:
                                   "or the launch file's transitions)")
 
 
+@dataclasses.dataclass(frozen=True)
+class QwenFrameParams(ManagedParams):
+    """The frame size of a Qwen VLM (core/nav/qwen_vl.py): a navigator resizes its frames to it and
+    its verifier reads them at it, so both declare it alike."""
+
+    vlm_height: int = param(252, "Qwen VLM: frames are resized to this height (pixels, rounded to 28; a navigator "
+                                 "and its verifier alike)", low=28, high=4096)
+    vlm_width: int = param(336, "Qwen VLM: frames are resized to this width (pixels, rounded to 28; a navigator "
+                                "and its verifier alike)", low=28, high=4096)
+
+    @property
+    def qwen_size(self):
+        from edge_llm_ros.core.nav.qwen_vl import QwenImageSize
+
+        return QwenImageSize(self.vlm_height, self.vlm_width)
+
+
 def rss_mb() -> float:
     """This process's resident memory in MB (Linux's /proc; 0 elsewhere)."""
     try:

@@ -55,12 +55,12 @@ import time
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.edge_link import VerifierLink
-from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
+from edge_llm_ros.nodes.managed import ManagedNode, QwenFrameParams, rss_mb
 from edge_llm_ros.nodes.parameters import param
 
 
 @dataclasses.dataclass(frozen=True)
-class NavigatorParams(ManagedParams):
+class NavigatorParams(QwenFrameParams):
     adapter: str = param("", "navigation adapter folder ('' = the shipped one for SmolLM2: edge-llm-ros train nav)")
     draft: str = param("", "draft model folder for the speculative modes ('' = the shipped SmolLM2 draft)")
     mode: str = param("ar", "decoding mode (lossless under the grammar); fsd and ee: edge_cloud only; chunk_pp "
@@ -86,9 +86,6 @@ class NavigatorParams(ManagedParams):
                          "navigation adapter); needs the vlm extra (qwen-vl-utils)")
     vlm_draft: str = param("", "the Qwen draft's checkpoint folder (same tokenizer as the target; '' = none, mode "
                                "ar only); over edge_cloud the only model here (the verifier's nav_vlm verifies)")
-    vlm_height: int = param(252, "vlm: frames are resized to this height (pixels, rounded to 28)", low=28,
-                            high=4096)
-    vlm_width: int = param(336, "vlm: frames are resized to this width (pixels, rounded to 28)", low=28, high=4096)
 
     def __post_init__(self) -> None:
         if (self.vlm or self.vlm_draft) and self.deployment == "pipeline":
@@ -217,14 +214,13 @@ class NavigatorNode(ManagedNode):
 
     def qwen_vlm(self):
         """(the VLM, target, draft) of a Qwen VLM from local checkpoints (parameters vlm, vlm_draft)."""
-        from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
+        from edge_llm_ros.core.nav.qwen_vl import QwenVL
 
         p = self.params
-        size = QwenImageSize(p.vlm_height, p.vlm_width)
         if p.deployment == "edge_cloud":
-            vlm, draft, _ = QwenVL.load(p.vlm_draft, size=size)
+            vlm, draft, _ = QwenVL.load(p.vlm_draft, size=p.qwen_size)
             return vlm, draft, draft
-        return QwenVL.load(p.vlm, p.vlm_draft or None, size)
+        return QwenVL.load(p.vlm, p.vlm_draft or None, p.qwen_size)
 
     def remote_navigator(self, adapter, draft, config):
         """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""

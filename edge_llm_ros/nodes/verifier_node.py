@@ -46,7 +46,7 @@ import threading
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import from_message, nav_adapter_param, run_node, stamp, to_message
-from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
+from edge_llm_ros.nodes.managed import ManagedNode, QwenFrameParams
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
 
@@ -54,7 +54,7 @@ PROFILE_TIMEOUT_S = 120.0  # a profile waits behind the drafts already queued
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierParams(ManagedParams):
+class VerifierParams(QwenFrameParams):
     model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2's GGUF)")
     exits: str = param("", "the trained exits ('' = the shipped ones for the target)")
     exit_layers: str = param("", "comma-separated exit layers to use, e.g. 16,24 ('' = every exit in exits)")
@@ -67,10 +67,6 @@ class VerifierParams(ManagedParams):
                                  "edge-llm-ros train nav) or a folder; '' = text only")
     nav_vlm: str = param("", "serve navigation decisions (task nav) with this local Qwen2-VL / Qwen2.5-VL checkpoint "
                              "as the target instead (needs the vlm extra); '' = the model above")
-    vlm_height: int = param(252, "nav_vlm: the frame height the navigators send (as their vlm_height)", low=28,
-                            high=4096)
-    vlm_width: int = param(336, "nav_vlm: the frame width the navigators send (as their vlm_width)", low=28,
-                           high=4096)
 
     def __post_init__(self) -> None:
         self.layers()
@@ -115,9 +111,9 @@ class VerifierNode(ManagedNode):
             torch.set_num_threads(p.threads)
         if p.nav_vlm:  # a Qwen VLM is the target, serving task nav; its exits only if trained for it
             from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
-            from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
+            from edge_llm_ros.core.nav.qwen_vl import QwenVL
 
-            vlm, target, _ = QwenVL.load(p.nav_vlm, size=QwenImageSize(p.vlm_height, p.vlm_width))
+            vlm, target, _ = QwenVL.load(p.nav_vlm, size=p.qwen_size)
             exits = load_exits(target, p.exits) if p.exits else None
             tasks = {NAV_TASK: nav_task(vlm, target)}
         else:

@@ -101,15 +101,20 @@ class QwenVL:
         """The checkpoint is the model: nothing to merge (the trained adapter's LoRA goes here)."""
         return lm
 
-    def inputs(self, frame: np.ndarray, instruction: str = "") -> dict:
-        """The processor's tensors for ``frame`` (RGB uint8 [H, W, 3], any size) and ``instruction``:
-        input_ids, pixel_values, image_grid_thw."""
+    def image(self, frame: np.ndarray) -> dict:
+        """``frame`` (RGB uint8 [H, W, 3], any size) as a chat message's image, at this VLM's size."""
         from PIL import Image
-        from qwen_vl_utils import process_vision_info
 
         c = self.config
-        image = {"type": "image", "image": Image.fromarray(np.ascontiguousarray(frame)), "resized_height": c.height,
-                 "resized_width": c.width}
+        return {"type": "image", "image": Image.fromarray(np.ascontiguousarray(frame)), "resized_height": c.height,
+                "resized_width": c.width}
+
+    def inputs(self, frame: np.ndarray, instruction: str = "") -> dict:
+        """The processor's tensors for ``frame`` and ``instruction``: input_ids, pixel_values,
+        image_grid_thw."""
+        from qwen_vl_utils import process_vision_info
+
+        image = self.image(frame)
         text = TASK.format(instruction=instruction.strip(), chars=REASON_CHARS, actions=", ".join(ACTIONS))
         messages = [{"role": "user", "content": [image, {"type": "text", "text": text}]}]
         prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -123,12 +128,9 @@ class QwenVL:
     def features(self, frame: np.ndarray) -> torch.Tensor:
         """``frame`` resized as qwen-vl-utils resizes it, [h, w, 3] values 0-255: what a robot sends
         its verifier with round 0 (each model's own vision tower reads it there)."""
-        from PIL import Image
         from qwen_vl_utils import fetch_image
 
-        c = self.config
-        image = fetch_image({"image": Image.fromarray(np.ascontiguousarray(frame)), "resized_height": c.height,
-                             "resized_width": c.width})
+        image = fetch_image(self.image(frame))
         return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).float()
 
     def condition(self, lm: MRopeLM, frame: np.ndarray, model: str = "target") -> MRopeLM:
