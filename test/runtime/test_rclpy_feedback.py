@@ -79,21 +79,33 @@ def stream(rclpy_context, answered, client_class) -> list[int]:
     try:
         assert client.wait_for_server(timeout_sec=20), "the action server"
 
+        results = []  # the result's future, asked for as soon as the goal is accepted
+        blocked = []
+
+        def ask_for_result() -> bool:
+            if not results and future.done():
+                results.append(future.result().get_result_async())
+            return bool(results)
+
         def on_feedback(msg) -> None:
-            if not got:  # the executor is busy here while the answer ends
+            # The executor is kept busy here while the answer ends, once the result has been asked
+            # for: the goal's response can be taken in the same wake-up as the first feedback, and
+            # the done callback that asks for the result is only queued then (CI run 24 waited 20 s).
+            if not blocked and ask_for_result():
+                blocked.append(True)
                 assert answered.wait(20), "the goal's result sent"
             got.extend(msg.feedback.token_ids)
 
         answered.clear()
-        results = []  # the result is asked for as soon as the goal is accepted, before any feedback is read
         future = client.send_goal_async(Generate.Goal(prompt="stream"), feedback_callback=on_feedback)
-        future.add_done_callback(lambda f: results.append(f.result().get_result_async()))
+        future.add_done_callback(lambda f: ask_for_result())
         executor.spin_until_future_complete(future, timeout_sec=20)
         assert future.result() is not None and future.result().accepted
         deadline = time.monotonic() + 30
         while not (results and results[0].done()) and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
         assert results and results[0].done() and results[0].result().result.text == "done"
+        assert blocked, "the client was busy while the answer ended"
         deadline = time.monotonic() + 3.0  # what is still queued arrives within a few wake-ups
         while len(got) < N_FEEDBACK and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.1)
