@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -170,9 +171,12 @@ def test_plans_and_settings():
     ranges = bp.plan_split(profile, 30, 8)  # 2 ms a layer, the head 6 layers' worth on the last stage
     assert [len(r) for r in ranges] == [18, 12]
     assert even_ranges(30, 4) == [range(0, 8), range(8, 16), range(16, 23), range(23, 30)]
-    fitted = DraftCost.fit([(f, 0.01 + 0.012 * f) for f in (4, 6, 4, 6, 7)])
+    fitted = DraftCost.fit([(1, f, 0.01 + 0.012 * f) for f in (4, 6, 4, 6, 7)])
     assert fitted.per_draft_s == pytest.approx(0.01) and fitted.per_forward_s == pytest.approx(0.012)
-    assert DraftCost.fit([(6, 0.06), (6, 0.072)]) == DraftCost(0.0, pytest.approx(0.011))  # one depth: all per forward
+    assert DraftCost.fit([(1, 6, 0.06), (1, 6, 0.072)]) == DraftCost(0.0, pytest.approx(0.011))  # one depth
+    totals = DraftCost.fit([(d, f, 0.01 * d + 0.012 * f) for d, f in ((10, 60), (14, 70), (9, 50))])  # per request
+    assert totals.per_draft_s == pytest.approx(0.01) and totals.per_forward_s == pytest.approx(0.012)
+    assert DraftCost.fit([(10, 60, 0.6), (20, 120, 1.2)]) == DraftCost(0.0, pytest.approx(0.01))  # proportional
     doubled = profile.averaged(LayerProfile([1, 8, 64], [0, 512], [[3e-3] * 2, [2e-3] * 2, [8e-3] * 2], [6e-3] * 3))
     assert doubled.layer_s[0] == [2e-3, 2e-3] and doubled.head_s[2] == pytest.approx(23e-3)
 
@@ -212,3 +216,28 @@ def test_each_stage_is_scaled_by_its_own_profile_in_the_deployment(tiny):
         assert calibration["message_s"] >= 0
     finally:
         tiny.stage_factors = tiny.contention = None
+
+
+def test_the_simulator_drafts_at_the_cost_draft_node_timed_in_the_deployment(tiny):
+    """draft_calibration: D0's (drafts, forwards, CPU seconds) per request of the deployments, fitted
+    and set on the setup the simulator reads; the bench process's own fit stays in the report; with
+    no timed request (ar only) the bench process's fit is kept."""
+    before = (tiny.draft_call_s, tiny.draft_s)
+    link = bp.LinkSetting(100, 5)
+    timed = {"chunk_pp": [(10, 60), (12, 72)], "flowspec": [(14, 56), (9, 40)]}
+    goals = {mode: [dataclasses.replace(fake_goal(mode, tiny.references[0], 0.3, 10.0),
+                                        drafts=(d, f, 0.002 * d + 0.011 * f)) for d, f in pairs]
+             for mode, pairs in timed.items()}
+    goals["ar"] = [dataclasses.replace(fake_goal("ar", tiny.references[0], 0.3, 20.0), drafts=(0, 0, 0.0))]
+    try:
+        assert bp.draft_calibration(tiny, [bp.Measured(None, 0, goals={"ar": goals["ar"]})]) == {
+            "draft_from": "drafts timed in the bench process (no deployment timed its own)",
+            "draft_in_process": {"draft_s_per_forward": before[1], "draft_s_per_draft": before[0]}}
+        assert (tiny.draft_call_s, tiny.draft_s) == before
+        calibration = bp.draft_calibration(tiny, [bp.Measured(None, 0), bp.Measured(link, 0, goals=goals)])
+        assert (tiny.draft_call_s, tiny.draft_s) == (pytest.approx(0.002), pytest.approx(0.011))
+        assert calibration["draft_from"].startswith("draft_node's own CPU seconds drafting, 4 requests")
+        assert calibration["draft_in_process"]["draft_s_per_forward"] == before[1]
+        assert bp.measured_costs(tiny, link, 0.001, 0).draft_s == pytest.approx(0.011)
+    finally:
+        tiny.draft_call_s, tiny.draft_s = before

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -403,10 +404,13 @@ class RowScale:
 
 
 class TimedDrafter:
-    """A drafter wrapper that logs (forwards, seconds) of every draft, for :meth:`DraftCost.fit`."""
+    """A drafter wrapper that logs (drafts, forwards, seconds) of every draft, one entry each, for
+    :meth:`DraftCost.fit`. ``clock``: what a second is; draft_node passes ``time.thread_time``, the CPU
+    its one torch thread spent, so that the core D0 shares with a stage is not counted in (the
+    simulator adds that wait itself)."""
 
-    def __init__(self, drafter) -> None:
-        self.drafter, self.log = drafter, []
+    def __init__(self, drafter, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.drafter, self.clock, self.log = drafter, clock, []
 
     def __getattr__(self, name: str):
         """Everything else is the wrapped drafter's (its model, its EOS tokens)."""
@@ -415,15 +419,17 @@ class TimedDrafter:
         return getattr(self.drafter, name)
 
     def propose(self, context, spec, sampler):
-        import time
-
-        start = time.perf_counter()
+        start = self.clock()
         tree = self.drafter.propose(context, spec, sampler)
-        self.log.append((max(spec.depth, 1), time.perf_counter() - start))
+        self.log.append((1, max(spec.depth, 1), self.clock() - start))
         return tree
 
     def update(self, tree, verification) -> None:
         self.drafter.update(tree, verification)
+
+    def totals(self) -> tuple[int, int, float]:
+        """(drafts, forwards, seconds) over the log."""
+        return (sum(e[0] for e in self.log), sum(e[1] for e in self.log), sum(e[2] for e in self.log))
 
 
 @dataclass(frozen=True)
@@ -434,17 +440,18 @@ class DraftCost:
     per_forward_s: float
 
     @classmethod
-    def fit(cls, timed: Sequence[tuple[int, float]]) -> DraftCost:
-        """Least squares over timed drafts (forwards, seconds): seconds = per_draft + forwards x per_forward;
-        with one depth only, or a negative intercept, all of it per forward."""
+    def fit(cls, timed: Sequence[tuple[int, int, float]]) -> DraftCost:
+        """Least squares over (drafts, forwards, seconds), one entry per draft or per request's totals:
+        seconds = drafts x per_draft + forwards x per_forward; when the entries cannot tell the two
+        apart (one depth only), or either comes out negative, all of it per forward."""
         import numpy as np
 
-        data = np.asarray(timed, dtype=np.float64)
-        per_forward = float(data[:, 1].sum() / data[:, 0].sum())
-        if len(set(data[:, 0])) < 2:
+        data = np.asarray(timed, dtype=np.float64).reshape(-1, 3)
+        per_forward = float(data[:, 2].sum() / data[:, 1].sum())
+        if np.linalg.matrix_rank(data[:, :2]) < 2:
             return cls(0.0, per_forward)
-        per_draft, slope = np.linalg.lstsq(np.c_[np.ones(len(data)), data[:, 0]], data[:, 1], rcond=None)[0]
-        return cls(float(per_draft), float(slope)) if per_draft >= 0 else cls(0.0, per_forward)
+        per_draft, slope = np.linalg.lstsq(data[:, :2], data[:, 2], rcond=None)[0]
+        return cls(float(per_draft), float(slope)) if per_draft >= 0 and slope >= 0 else cls(0.0, per_forward)
 
 
 # -- costs taken from the papers' tables ---------------------------------------------------------------

@@ -83,6 +83,7 @@ class Finished:
     ttft_s: float = 0.0
     wall_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
+    drafts: object = None  # a pipeline request's drafter, timed (core.pipesim.TimedDrafter): D0's draft cost
 
 
 @dataclass(frozen=True)
@@ -285,12 +286,16 @@ class DraftNode(ManagedNode):
         per point)."""
         from edge_llm_ros.core.decoding import eos_ids
         from edge_llm_ros.core.pipeline import make_scheduler
+        from edge_llm_ros.core.pipesim import TimedDrafter
 
-        drafter = self.stage_drafter
-        if drafter is None:
+        if self.stage_drafter is None:
             raise ValueError(self.refusal() or "not configured")
         rid, started, p = uuid.uuid4().hex[:12], time.monotonic(), self.params
         eos = eos_ids(self, config)
+        # D0's draft cost as it runs here (bench --scenario pipeline fits the simulator's to it): with one
+        # thread, the CPU that thread spent, not the time a stage on the same core took from it
+        drafter = finished.drafts = TimedDrafter(self.stage_drafter,
+                                                 clock=time.thread_time if p.threads == 1 else time.perf_counter)
 
         def make(request_id, ids, max_new_tokens, mode=mode, **fork):
             return make_scheduler(mode, request_id, ids, drafter, max_new_tokens=max_new_tokens, eos=eos,
@@ -452,10 +457,15 @@ class DraftNode(ManagedNode):
         """Publish the request's stats; log what it ignored (stale, duplicate, invalid outcomes)."""
         if finished.stats is None:
             return
+        drafts, forwards, seconds = finished.drafts.totals() if finished.drafts else (0, 0, 0.0)
+        if finished.drafts:
+            finished.stats.critical_draft_s = seconds  # InferenceStats.draft_time_s: D0's drafting
         self.stats_pub.publish(self.stats_msg(request_id, mode, [finished]))
         if self.stages is not None:  # the pipeline's own figures (FlowSpec §V-A), e.g. for bench --scenario pipeline
+            clock = "CPU" if finished.drafts and finished.drafts.clock is time.thread_time else "wall"
             self.get_logger().info(f"request {request_id} ({mode}): {len(finished.tokens)} tokens, "
-                                   f"ALT {finished.stats.alt:.4f}, ALR {finished.stats.alr:.4f}")
+                                   f"ALT {finished.stats.alt:.4f}, ALR {finished.stats.alr:.4f}; "
+                                   f"D0 drafted {drafts} times, {forwards} forwards, {seconds:.4f} s {clock}")
         if self.params.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             self.recent.append((mode, finished))
         ignored = finished.stats.ignored

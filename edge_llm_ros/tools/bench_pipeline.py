@@ -16,7 +16,7 @@ with Jupiter's pipelined prefill (chunks of the size plan_sequence gives, back t
 
 Simulated: core.pipesim.simulate runs the same schedulers on in-process stages with the costs
 measured here: per-layer and head seconds (LayerProfile, one thread), D0's seconds per draft and
-per draft forward (timed here), the link, D0 sharing the first stage's core, and the runtime's cost
+per draft forward (draft_node's own CPU seconds drafting in the deployments), the link, D0 sharing the first stage's core, and the runtime's cost
 per message, measured on loopback (a deployment with the links off: its ar lap minus the profile's
 compute, per hop). Each simulated mode is compared with the measured one: within 15% or flagged.
 
@@ -59,8 +59,6 @@ PROFILE_ROWS = (1, 4, 8, 16, 24, 32, 64, 128, 256, 512)
 PROFILE_CACHED = (0, 256, 1024)
 
 
-
-
 # -- this process: the model, its costs, the plans ------------------------------------------------------
 
 
@@ -84,7 +82,7 @@ class Setup:
     eos: tuple[int, ...] = ()
     # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
     # profile gives for its layers, by rows: how much faster or slower the pinned stage process runs (None: 1)
-    stage_factors: list[RowScale] | None = None
+    stage_factors: list | None = None  # a core.pipesim.RowScale per stage
     # how many times longer a stage's message takes while the other stage computes too (two vCPUs of one
     # host share it): their profiles measured together over each alone (None: 1)
     contention: float | None = None
@@ -245,50 +243,6 @@ def measured_costs(setup: Setup, link: LinkSetting | None, message_s: float, d0_
                      contention=setup.contention or 1.0)
 
 
-# -- the deployment -----------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -- the report ---------------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- the scenario -------------------------------------------------------------------------------------
 
 
@@ -352,6 +306,25 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
             "contention_from": "the same profiles asked of every stage at once over each asked alone (median): "
                                "a stage's slowdown while the other core computes, applied by the simulator "
                                "whenever both stages compute (processor sharing)"}
+
+
+def draft_calibration(setup: Setup, runs: list[Measured]) -> dict:
+    """D0's draft cost as draft_node timed it in the deployments: the CPU seconds its one thread drafted
+    for each request of a drafting mode (with the forwards and drafts it ran), fitted the way the
+    simulator takes it and set on ``setup``; the fit over drafts timed in this process beforehand
+    stays in the report beside it."""
+    from edge_llm_ros.core.pipesim import DraftCost
+
+    in_process = {"draft_s_per_forward": setup.draft_s, "draft_s_per_draft": setup.draft_call_s}
+    entries = [g.drafts for m in runs for goals in m.goals.values() for g in goals if g.drafts and g.drafts[0]]
+    if not entries:
+        return {"draft_from": "drafts timed in the bench process (no deployment timed its own)",
+                "draft_in_process": in_process}
+    cost = DraftCost.fit(entries)
+    setup.draft_call_s, setup.draft_s = cost.per_draft_s, cost.per_forward_s
+    return {"draft_from": f"draft_node's own CPU seconds drafting, {len(entries)} requests of the deployments "
+                          f"({sum(e[0] for e in entries)} drafts, {sum(e[1] for e in entries)} forwards), least squares",
+            "draft_in_process": in_process}
 
 
 def link_rows(setup: Setup, link: LinkSetting, runs: list[Measured], costs, chunking: tuple, modes: list[str],
@@ -433,7 +406,7 @@ def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_t
         bar.set_postfix_str("profile again")
         drift = remeasure(setup)
         bar.set_postfix_str("simulating")
-        calibration = calibrate(setup, runs[0], d0_shares)
+        calibration = {**calibrate(setup, runs[0], d0_shares), **draft_calibration(setup, runs)}
         bar.update(1)
         rows, prefill = [], []
         for link in links:
@@ -447,15 +420,6 @@ def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_t
                        hop)
     report["wall_s"] = time.perf_counter() - started
     return report
-
-
-
-
-# -- output -------------------------------------------------------------------------------------------
-
-
-
-
 
 
 # -- command line -------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ WARMUP_TOKENS = 8
 START_TIMEOUT_S = 300.0
 GOAL_TIMEOUT_S = 300.0
 STATUS_SUCCEEDED = 4
-STATS_LINE = r"\[draft_node-\d+\].*: request \w+ \((\w+)\): (\d+) tokens, ALT ([\d.]+), ALR ([\d.]+)"
+STATS_LINE = (r"\[draft_node-\d+\].*: request \w+ \((\w+)\): (\d+) tokens, ALT ([\d.]+), ALR ([\d.]+); "
+              r"D0 drafted (\d+) times, (\d+) forwards, ([\d.]+) s (CPU|wall)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,6 @@ class LinkSetting:
                 f"link_emulation.hop.bandwidth_mbps:={self.bandwidth_mbps}"]
 
 
-
 @dataclass
 class Goal:
     """One Generate goal as this process saw it (perf_counter times) and draft_node's figures."""
@@ -66,11 +66,11 @@ class Goal:
     done: float
     alt: float | None = None
     alr: float | None = None
+    drafts: tuple[int, int, float] | None = None  # D0's (drafts, forwards, CPU seconds) for it
 
     @property
     def ttft_s(self) -> float:
         return self.first - self.sent
-
 
 
 class Client:
@@ -140,8 +140,9 @@ class Client:
         with arrived:  # feedback is a topic, the result a service reply: the last feedback may come after it
             arrived.wait_for(lambda: len(got) >= len(tokens), 10.0)
         stats = self.stats_line(log, mode, len(tokens), since)
+        drafts = (int(stats.group(5)), int(stats.group(6)), float(stats.group(7)))
         return Goal(mode, tokens, sent, times[0] if times else done, times[-1] if times else done, done,
-                    float(stats.group(3)), float(stats.group(4)))
+                    float(stats.group(3)), float(stats.group(4)), drafts if stats.group(8) == "CPU" else None)
 
     @staticmethod
     def stats_line(log: EventLog, mode: str, tokens: int, since: float) -> re.Match:
@@ -161,14 +162,12 @@ class Client:
         self.session.close()
 
 
-
 def node_cores() -> dict[str, int] | None:
     """stage_0 and D0 on the first core, stage_1 on the second; None with fewer than two cores or no taskset."""
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) < 2 or shutil.which("taskset") is None:
         return None
     return {"stage_0": usable[0], "stage_1": usable[1], "draft_node": usable[0]}
-
 
 
 def stages_plan(layers: str, link: LinkSetting | None, chunk: int, cores: dict[str, int] | None):
@@ -188,12 +187,10 @@ def stages_plan(layers: str, link: LinkSetting | None, chunk: int, cores: dict[s
     return plan
 
 
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 
 class Others:
@@ -220,7 +217,6 @@ class Others:
             return None
 
 
-
 @dataclass
 class Measured:
     """What one deployment measured."""
@@ -232,7 +228,6 @@ class Measured:
     other_cores: float | None = None
     stage_s: list[list[float]] = field(default_factory=list)  # [stage][STAGE_PROFILE_ROWS]: the stages' own `profile`
     stage_s_together: list[list[float]] = field(default_factory=list)  # the same, every stage asked at once
-
 
 
 def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, measured: Measured,

@@ -36,12 +36,10 @@ def same_tokens(ours: list[int], reference: list[int], eos: tuple[int, ...]) -> 
     return list(ours) == list(reference) or strip(list(ours)) == strip(list(reference))
 
 
-
 def pooled(tokens: list[int], spans: list[float]) -> float | None:
     """Tokens after the first over the seconds after the first token, over requests."""
     total = sum(spans)
     return sum(n - 1 for n in tokens) / total if total > 0 else None
-
 
 
 def pooled_ratio(tokens: list[int], values: list[float | None]) -> float | None:
@@ -50,7 +48,6 @@ def pooled_ratio(tokens: list[int], values: list[float | None]) -> float | None:
         return None
     per = [(n - 1) / v for n, v in zip(tokens, values) if v]
     return sum(n - 1 for n, v in zip(tokens, values) if v) / sum(per) if per else None
-
 
 
 def measured_row(setup: Setup, mode: str, link: LinkSetting, goals: list[Goal]) -> dict:
@@ -69,7 +66,6 @@ def measured_row(setup: Setup, mode: str, link: LinkSetting, goals: list[Goal]) 
                             for p, g in zip(setup.prompts, goals)]}
 
 
-
 def simulated_row(setup: Setup, mode: str, link_name: str, timelines: list, *, stages: int, device: str,
                   references: list[list[int]] | None, draft: str = SHIPPED) -> dict:
     tokens = [len(t.tokens) for t in timelines]
@@ -86,10 +82,8 @@ def simulated_row(setup: Setup, mode: str, link_name: str, timelines: list, *, s
             "stage_utilization": sum(busy) / (stages * sum(t.total_s for t in timelines))}
 
 
-
 def error(simulated: float | None, measured: float | None) -> float | None:
     return (simulated - measured) / measured if simulated is not None and measured else None
-
 
 
 def comparisons(rows: list[dict]) -> list[dict]:
@@ -106,16 +100,13 @@ def comparisons(rows: list[dict]) -> list[dict]:
     return out
 
 
-
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
 
 
 def speed(rows: list[dict], source: str, stages: int, link: str, mode: str, draft: str = SHIPPED) -> float | None:
     return next((r["tokens_per_s"] for r in rows if r["source"] == source and r["stages"] == stages
                  and r["link"] == link and r["mode"] == mode and r["draft"] == draft), None)
-
 
 
 def targets(report: dict) -> list[dict]:
@@ -156,7 +147,6 @@ def targets(report: dict) -> list[dict]:
     return out
 
 
-
 def anchors(rows: list[dict]) -> list[dict]:
     """FlowSpec over the naive pipeline (plain PP) where this bench has both, against SpecPipe and PipeInfer."""
     out = []
@@ -166,7 +156,6 @@ def anchors(rows: list[dict]) -> list[dict]:
             out.append({"source": source, "stages": stages, "link": link, "draft": draft,
                         "flowspec_over_plain_pp": value, **ANCHORS})
     return out
-
 
 
 def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows: list[dict], prefill: list[dict],
@@ -242,7 +231,6 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
     return report
 
 
-
 def format_table(report: dict) -> str:
     from edge_llm_ros.core.pipesim import RowScale
 
@@ -254,7 +242,10 @@ def format_table(report: dict) -> str:
              f"thread each; {report['max_new_tokens']} new tokens x {len(report['prompts'])} prompt(s), greedy; "
              f"links: {LABEL}",
              f"cost model: draft {cm['draft_s_per_forward'] * 1e3:.1f} ms/forward + "
-             f"{cm['draft_s_per_draft'] * 1e3:.1f} ms/draft, runtime {cm['message_s'] * 1e3:.2f} ms/message "
+             f"{cm['draft_s_per_draft'] * 1e3:.1f} ms/draft ({cm.get('draft_from', 'timed in the bench process')}"
+             + (f"; in the bench process {cm['draft_in_process']['draft_s_per_forward'] * 1e3:.1f} + "
+                f"{cm['draft_in_process']['draft_s_per_draft'] * 1e3:.1f}" if cm.get("draft_in_process") else "")
+             + f"), runtime {cm['message_s'] * 1e3:.2f} ms/message "
              f"({cm['message_s_from']}); per-layer costs drifted {cm['profile_drift']:+.1%} between the profiles "
              "before and after the deployments; the stages ran at "
              + " and ".join(RowScale(tuple(cm["stage_factor_rows"]), tuple(f)).describe()
@@ -306,7 +297,6 @@ def format_table(report: dict) -> str:
                  f"{trees['segment']}, expansions of {trees['expand_size']} (FlowSpec's evaluation setting); inputs "
                  "and derivation in the JSON")
     return "\n".join(lines)
-
 
 
 def plot(report: dict, path: Path) -> None:

@@ -21,6 +21,8 @@ import pytest
 from hosts import host_for
 from support import Proc, cli, wait_until
 
+from edge_llm_ros.tools.pipeline_deployment import STATS_LINE
+
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
 PROMPT = "Give two tips for a robot that explores a house."
@@ -73,7 +75,7 @@ def run_goal(host, client, mode: str, timeout: float = 120):
 
 
 def test_every_lossless_mode_through_the_stage_processes_equals_ar(deployment, expected):
-    _, client, host, _ = deployment
+    launch, client, host, _ = deployment
     for mode in ("ar", "chunk_pp", "flowspec"):
         response, feedback = run_goal(host, client, mode)
         assert response.status == STATUS_SUCCEEDED, (mode, response.result.finish_reason)
@@ -84,6 +86,17 @@ def test_every_lossless_mode_through_the_stage_processes_equals_ar(deployment, e
         assert response.result.stats.mode == mode
         if mode == "flowspec":
             assert response.result.stats.tau > 1.0  # tokens per pipeline turn (ALT)
+        # draft_node's line about the request, as bench --scenario pipeline reads it: D0's drafting
+        line = wait_until(lambda: [m for m in re.finditer(STATS_LINE, launch.output)
+                                   if m.group(1) == mode and int(m.group(2)) == len(expected)][-1:], 10,
+                          f"draft_node's line about its {mode} request")[0]
+        drafts, forwards, seconds = int(line.group(5)), int(line.group(6)), float(line.group(7))
+        assert line.group(8) == "CPU"  # config/stages.yaml: one torch thread, so that thread's CPU seconds
+        if mode == "ar":
+            assert (drafts, forwards, seconds) == (0, 0, 0.0) and response.result.stats.draft_time_s == 0
+        else:
+            assert 0 < drafts <= forwards and seconds > 0
+            assert response.result.stats.draft_time_s == pytest.approx(seconds, abs=1e-4)
 
 
 @pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
