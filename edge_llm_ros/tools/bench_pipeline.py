@@ -16,9 +16,9 @@ with Jupiter's pipelined prefill (chunks of the size plan_sequence gives, back t
 
 Simulated: core.pipesim.simulate runs the same schedulers on in-process stages with the costs
 measured here: per-layer and head seconds (LayerProfile, one thread), D0's seconds per draft and
-per draft forward (draft_node's own CPU seconds drafting in the deployments), the link, D0 sharing the first stage's core, and the runtime's cost
-per message, measured on loopback (a deployment with the links off: its ar lap minus the profile's
-compute, per hop). Each simulated mode is compared with the measured one: within 15% or flagged.
+per draft forward (draft_node's own CPU seconds drafting in the deployments), the link, D0
+sharing the first stage's core, and the runtime's cost per message, measured on loopback (a
+deployment with the links off: its ar lap minus the profile's compute, per hop). Each simulated mode is compared with the measured one: within 15% or flagged.
 
 Projected: the same simulation on 4 and 8 stages with Jetson-class costs derived from the papers'
 tables (core.pipesim.jetson_costs: every input cited in the report) and FlowSpec's own tree setting
