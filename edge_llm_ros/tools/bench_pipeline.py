@@ -18,7 +18,8 @@ Simulated: core.pipesim.simulate runs the same schedulers on in-process stages w
 measured here: per-layer and head seconds (LayerProfile, one thread), D0's seconds per draft and
 per draft forward (draft_node's own CPU seconds drafting in the deployments), the link, D0
 sharing the first stage's core, and the runtime's cost per message, measured on loopback (a
-deployment with the links off: its ar lap minus the profile's compute, per hop). Each simulated mode is compared with the measured one: within 15% or flagged.
+deployment with the links off: its ar lap minus the profile's compute, per hop). Each simulated
+mode is compared with the measured one: within 15% or flagged.
 
 Projected: the same simulation on 4 and 8 stages with Jetson-class costs derived from the papers'
 tables (core.pipesim.jetson_costs: every input cited in the report) and FlowSpec's own tree setting
@@ -322,8 +323,9 @@ def draft_calibration(setup: Setup, runs: list[Measured]) -> dict:
                 "draft_in_process": in_process}
     cost = DraftCost.fit(entries)
     setup.draft_call_s, setup.draft_s = cost.per_draft_s, cost.per_forward_s
+    drafts, forwards = sum(e[0] for e in entries), sum(e[1] for e in entries)
     return {"draft_from": f"draft_node's own CPU seconds drafting, {len(entries)} requests of the deployments "
-                          f"({sum(e[0] for e in entries)} drafts, {sum(e[1] for e in entries)} forwards), least squares",
+                          f"({drafts} drafts, {forwards} forwards), least squares",
             "draft_in_process": in_process}
 
 

@@ -132,7 +132,8 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
             at_rest = lambda m: m.twist.twist.linear.x == 0.0 and m.twist.twist.angular.z == 0.0  # noqa: E731
             final = odom.wait(at_rest, 30, "odometry at rest after the stop", since=len(odom.items)).pose.pose.position
             gap = body_gap(Pose(final.x, final.y, 0.0), world.target_object)
-            assert gap <= REACH_M + STOP_BAND_M and gap < body_gap(Pose(start.x, start.y, 0.0), world.target_object) / 2, (
+            from_start = body_gap(Pose(start.x, start.y, 0.0), world.target_object)
+            assert gap <= REACH_M + STOP_BAND_M and gap < from_start / 2, (
                 gap, final, summary, [(a.action, a.magnitude, a.raw_text) for a in actions.items],
                 launch.output[-3000:])
         assert summary["first_motion_s"] > 0

@@ -1,6 +1,7 @@
 """Under rclpy, a client whose executor is busy as a streamed answer ends still gets every feedback
 message. rclpy's own ActionClient forgets a goal's feedback callback when the goal's result is in,
-and takes one feedback message per wake-up, so the feedback queued behind the result is dropped: the cause of the stream tails CI runs 15, 16, 18 and 19 lost in
+and takes one feedback message per wake-up, so the feedback queued behind the result is dropped:
+the cause of the stream tails CI runs 15, 16, 18 and 19 lost in
 test_duplicate_stale_and_overtaken_verify_results_are_ignored[rclpy]. runtime.ros.ActionClient
 delivers them. Both clients meet the same server here; rclpy's is the negative control."""
 
