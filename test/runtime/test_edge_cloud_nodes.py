@@ -587,7 +587,8 @@ def draft_readers(probe, host) -> set:
     """The subscriptions to /edge_llm/draft the probe sees: their endpoint ids under rclpy, where DDS
     keeps a killed verifier's reader in the graph until its lease ends (Fast DDS: 20 s), so a count
     would take it for the new verifier's (CI run 22 sent the next goal to nobody); on the embedded
-    backend, where a killed reader leaves at once, one entry per reader."""
+    backend, where a killed reader leaves at once (before draft_node aborts the goal), one entry per
+    reader."""
     if host.backend == "rclpy":
         return {bytes(info.endpoint_gid) for info in probe.get_subscriptions_info_by_topic("/edge_llm/draft")}
     return set(range(probe.count_subscribers("/edge_llm/draft")))
@@ -599,7 +600,6 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves
     handle, feedback, first = send(host, client, "Write a long story about a robot that learns to cook.",
                                    max_new_tokens=400)
     assert first.wait(60), "no feedback before the kill"
-    dead = draft_readers(probe, host) if host.backend == "rclpy" else set()  # gone at once on the embedded one
     verifier.popen.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     response = handle.get_result_async().result(TIMEOUT_S + 30)
@@ -617,6 +617,7 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves
     assert draft.popen.poll() is None, "draft_node must survive a dead verifier"
 
     # a verifier is back: the same draft_node serves the next goal, lossless
+    dead = draft_readers(probe, host)  # what is left of the killed verifier (rclpy: its reader, until its lease ends)
     revived = Proc(node_cmd("verifier_node"), env=host.child_env)
     try:
         revived.wait_for_line("verifying /edge_llm/draft -> /edge_llm/verify", 180)
