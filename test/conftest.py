@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -21,6 +22,30 @@ os.environ.setdefault("EDGE_LLM_BACKEND", "zenoh")
 # the root logger only. This package's loggers, created after this line, propagate as usual.
 logging.setLoggerClass(logging.Logger)
 ROS2_INSTALL = REPO / "build" / "ros2" / "install"
+
+
+PROC_TAIL_LINES = 40  # of each running node process, in a failing test's report
+TEST_STARTED = pytest.StashKey[float]()  # time.monotonic() as the test's setup began
+CLOCK_SLACK_S = 1.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[TEST_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report ends with the last lines of every node process still running or
+    stopped during the test (CI keeps no other record of what draft_node or verifier_node logged)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        since = item.stash.get(TEST_STARTED, 0.0)
+        stopped = [proc for at, proc in Proc.stopped if at >= since - CLOCK_SLACK_S]
+        for proc in [*Proc.running, *stopped]:
+            name = " ".join(str(a) for a in proc.args[1:4])
+            report.sections.append((f"last lines of {name} (pid {proc.popen.pid})", proc.tail(PROC_TAIL_LINES)))
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,14 @@ A module of its own (not conftest) so that `from support import ...` is unambigu
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -48,16 +50,22 @@ def default_sigint() -> None:
 
 
 class Proc:
-    """A child process whose output lines are collected as they come, to wait on them."""
+    """A child process whose output lines are collected as they come, to wait on them. A failing
+    test's report shows the last lines of those still running and of those stopped since the test
+    began (conftest): ``Proc.running``, ``Proc.stopped`` (the last few, with when)."""
+
+    running: "weakref.WeakSet[Proc]" = weakref.WeakSet()
+    stopped: "collections.deque[tuple[float, Proc]]" = collections.deque(maxlen=8)
 
     def __init__(self, args: list[str], env: dict | None = None, cwd: Path = REPO) -> None:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
         full_env.update(env or {})
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       env=full_env, cwd=cwd, start_new_session=True, preexec_fn=default_sigint)
-        self.lines: list[str] = []
+        self.args, self.lines = args, []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
+        Proc.running.add(self)
 
     def _read(self) -> None:
         for line in self.popen.stdout:
@@ -91,7 +99,14 @@ class Proc:
     def wait(self, timeout: float = 30.0) -> int:
         return self.popen.wait(timeout)
 
+    def tail(self, lines: int) -> str:
+        with self._cond:
+            return "\n".join(self.lines[-lines:])
+
     def stop(self) -> None:
+        if self in Proc.running:
+            Proc.running.discard(self)
+            Proc.stopped.append((time.monotonic(), self))
         if self.popen.poll() is None:
             self.popen.terminate()
             try:

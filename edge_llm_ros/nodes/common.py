@@ -134,6 +134,47 @@ def stamp(node, msg):
     return msg
 
 
+MATCH_WAIT_S = 2.0  # how long MatchGate.wait gives DDS to match a subscription the graph already shows
+MATCH_POLL_S = 0.01
+
+
+class MatchGate:
+    """Holds a message back until ``publisher`` reaches every subscription of its topic that the graph
+    shows, for at most ``wait_s``. Under DDS a new subscription appears in the graph (ros_discovery_info)
+    before the writer has matched it (SEDP), and a volatile writer does not deliver what it sent before:
+    a verifier that has just (re)started would lose a robot's first draft, and the robot would wait its
+    whole timeout_s for the answer. On the embedded backend both counts come from the same graph, so
+    it never waits. A subscription that stays unmatched (one whose QoS the writer cannot offer) costs
+    ``wait_s`` once, with a warning; the gate waits again only when the count of subscriptions changes."""
+
+    def __init__(self, node, publisher, wait_s: float = MATCH_WAIT_S) -> None:
+        self.node, self.publisher, self.wait_s = node, publisher, wait_s
+        self.topic = node.resolve_topic_name(publisher.topic_name)
+        self._given_up_at = -1  # the subscription count at which the last wait ran out
+
+    def _behind(self) -> int:
+        """Subscriptions the graph shows beyond those the writer matched (0 when none)."""
+        shown = self.node.count_subscribers(self.topic)
+        if shown == self._given_up_at:
+            return 0
+        return max(0, shown - self.publisher.get_subscription_count())
+
+    def wait(self) -> bool:
+        """True once the writer reaches them all (at once, nearly always); False if it gave up."""
+        if not self._behind():
+            return True
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            time.sleep(MATCH_POLL_S)
+            if not self._behind():
+                return True
+        self._given_up_at = self.node.count_subscribers(self.topic)
+        self.node.get_logger().warning(
+            f"{self.topic}: the graph shows {self._given_up_at} subscription(s), the publisher reaches "
+            f"{self.publisher.get_subscription_count()} after {self.wait_s:g} s (incompatible QoS?); sending anyway")
+        return False
+
+
 def latched_qos(depth: int = 1):
     """Transient-local durability (ROS 1's latching): a late subscriber gets the last ``depth``
     messages. Publisher and subscriber both need it, on either backend."""

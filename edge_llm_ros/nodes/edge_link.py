@@ -7,6 +7,11 @@ verifier with a PruneInfo on `prune`. :meth:`VerifierLink.rounds` runs one reque
 (core's robot_rounds) over it. A request never hangs: without a final outcome for `timeout_s`, or
 once no verifier subscribes to `draft` any more, it ends with :class:`VerifierTimeout`.
 
+Round 0 is resent (after 1, 3, 7, ... s) until the verifier answers anything of the request: a verifier
+that has just (re)started may not have matched this node's writer yet (DDS shows it in the graph
+first; Zenoh propagates a new subscription to the router first), and what is published before that
+reaches nobody. The verifier answers a repeated draft with the final outcome it already sent.
+
 Used by draft_node (text) and navigator_node (navigation decisions, task "nav").
 """
 
@@ -16,7 +21,7 @@ import queue
 import time
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, stamp, to_message
+from edge_llm_ros.nodes.common import MatchGate, from_message, stamp, to_message
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
 
@@ -25,16 +30,19 @@ class VerifierTimeout(TimeoutError):
     """No final VerifyResult within timeout_s, or no verifier any more."""
 
 
-def await_answer(inbox: queue.Queue, timeout_s: float, gone, timed_out, vanished):
+def await_answer(inbox: queue.Queue, timeout_s: float, gone, timed_out, vanished, idle=None):
     """The next item of ``inbox``. Raises ``vanished(who)`` once ``gone()`` names a missing peer
     in two checks PEER_CHECK_S apart (one graph snapshot may lag behind a subscription that
-    already works), else ``timed_out()`` after ``timeout_s``: a request never hangs on a peer."""
+    already works), else ``timed_out()`` after ``timeout_s``: a request never hangs on a peer.
+    ``idle()``, if given, runs after each PEER_CHECK_S without an item."""
     deadline, absent = time.monotonic() + timeout_s, 0
     while True:
         try:
             return inbox.get(timeout=max(0.0, min(PEER_CHECK_S, deadline - time.monotonic())))
         except queue.Empty:
             pass
+        if idle is not None:
+            idle()
         who = gone()
         absent = absent + 1 if who else 0
         if absent >= 2:
@@ -51,14 +59,17 @@ class VerifierLink:
         self.node, self.timeout_s = node, timeout_s
         self.drafter = None
         self.inboxes: dict[str, queue.Queue] = {}
+        self.heard: set[str] = set()  # live requests the verifier has answered (any outcome)
         self.DraftTree = rt.message("edge_llm_ros/msg/DraftTree")
         self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
         self.draft_pub = rt.shaped(node, node.create_publisher(self.DraftTree, "draft", 100))
+        self.draft_gate = MatchGate(node, self.draft_pub)  # a verifier that just (re)started gets the draft
         self.prune_pub = rt.shaped(node, node.create_publisher(self.PruneInfo, "prune", 100))
         node.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
 
     def send(self, draft) -> None:
         """Publish a DraftRequest on `draft` (also the drafter's sender, for drafts sent ahead)."""
+        self.draft_gate.wait()
         self.draft_pub.publish(stamp(self.node, to_message(self.DraftTree, draft)))
 
     def on_verify(self, msg) -> None:
@@ -70,6 +81,7 @@ class VerifierLink:
         inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
         if inbox is None:
             return  # another robot's request, or one that ended
+        self.heard.add(outcome.request_id)
         if outcome.final:  # a verifier's final outcome, or a stage's refusal (stage pipeline)
             inbox.put(outcome)
         elif drafter is not None:
@@ -91,27 +103,47 @@ class VerifierLink:
             raise ValueError("not configured: no drafter loaded")
         inbox: queue.Queue = queue.Queue()
         self.inboxes[request_id] = inbox
-        committed = [0]
+        committed, first = [0], []  # first: round 0's draft, resent until anything answers
+        resend_at = [time.monotonic() + PEER_CHECK_S, PEER_CHECK_S]  # when next, and the interval
+
+        def send(draft) -> None:
+            if draft.round == 0:
+                first.append(draft)
+                resend_at[0] = time.monotonic() + PEER_CHECK_S
+            self.send(draft)
+
+        def resend() -> None:  # after 1, 3, 7, ... s: a verifier's queue that is only long gets few copies
+            if not first or request_id in self.heard or time.monotonic() < resend_at[0]:
+                return
+            if resend_at[1] == PEER_CHECK_S:
+                self.node.get_logger().info(f"request {request_id}: no answer to round 0 within "
+                                            f"{PEER_CHECK_S:g} s; resending it until the verifier answers")
+            resend_at[1] *= 2
+            resend_at[0] = time.monotonic() + resend_at[1]
+            self.send(first[0])
+
         try:
-            for step, final in robot_rounds(drafter, request_id, prompt_ids, config, send=self.send,
-                                            await_final=lambda: self.await_final(inbox, committed[0]), **start):
+            for step, final in robot_rounds(drafter, request_id, prompt_ids, config, send=send,
+                                            await_final=lambda: self.await_final(inbox, committed[0], resend),
+                                            **start):
                 committed[0] += len(step.tokens)
                 yield step, final
         finally:
             self.inboxes.pop(request_id, None)
+            self.heard.discard(request_id)
             stats = drafter.end(request_id)
             if stats_out is not None and stats is not None:
                 stats_out.append(stats)
             self.release(request_id)
 
-    def await_final(self, inbox: queue.Queue, tokens: int):
-        """The next final outcome of a request (:func:`await_answer`): VerifierTimeout after
-        timeout_s, or once no verifier subscribes to `draft` (it died: the draft in flight is lost
-        with it)."""
+    def await_final(self, inbox: queue.Queue, tokens: int, idle=None):
+        """The next final outcome of a request (:func:`await_answer`, ``idle`` its idle hook):
+        VerifierTimeout after timeout_s, or once no verifier subscribes to `draft` (it died: the
+        draft in flight is lost with it)."""
         topic = self.node.resolve_topic_name("draft")
         return await_answer(
             inbox, self.timeout_s, lambda: topic if self.node.count_subscribers("draft") == 0 else "",
             lambda: VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
                                     f"tokens): is verifier_node running and subscribed to {topic}?"),
             lambda who: VerifierTimeout(f"verifier gone: nothing subscribes to {who} any more (verifier_node died "
-                                        f"or is restarting; {tokens} token(s) committed)"))
+                                        f"or is restarting; {tokens} token(s) committed)"), idle)

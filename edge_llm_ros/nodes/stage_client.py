@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import stamp
+from edge_llm_ros.nodes.common import MatchGate, stamp
 from edge_llm_ros.nodes.edge_link import await_answer
 
 
@@ -35,6 +35,7 @@ class StageClient:
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
         self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
         self.rows_pub = rt.shaped(node, node.create_publisher(self.HiddenStates, "stage_0/in", 100))
+        self.rows_gate = MatchGate(node, self.rows_pub)
         self.answers = node.create_subscription(self.HiddenStates, f"stage_{count}/in", self.on_answer, 100)
 
     def describe(self) -> str:
@@ -103,6 +104,7 @@ class StageClient:
                 request_id=prune.request_id, round=prune.step, prefix_len=prune.prefix_len, keep=list(prune.keep),
                 committed=prune.committed, fork_from=prune.fork_from)))
         for rows in actions.inject:
+            self.rows_gate.wait()
             self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
 
     def wait(self, inbox: queue.Queue, tokens: int):

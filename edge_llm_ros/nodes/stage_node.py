@@ -40,7 +40,7 @@ import re
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import nav_adapter_param, run_node, stamp
+from edge_llm_ros.nodes.common import MatchGate, nav_adapter_param, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
@@ -169,6 +169,7 @@ class StageNode(ManagedNode):
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.out_pub = rt.shaped(self, self.create_publisher(self.HiddenStates, f"stage_{p.index + 1}/in", 100))
+        self.out_gate = MatchGate(self, self.out_pub)  # a next stage (or client) that just (re)started gets it
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
         self.create_subscription(self.HiddenStates, f"stage_{p.index}/in", self.on_rows, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
@@ -376,6 +377,7 @@ class StageNode(ManagedNode):
             out = torch.tensor(choices, dtype=torch.long)
         dtype = p.wire_dtype if not self.stage.last else "float32"
         message = StageMessage.from_rows(dataclasses.replace(rows, data=out, image=None), p.index + 1, dtype, probs)
+        self.out_gate.wait()
         self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields())))
 
     def answer(self, request_id: str, round: int, reason: str) -> None:

@@ -45,7 +45,7 @@ import dataclasses
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import from_message, nav_adapter_param, run_node, stamp, to_message
+from edge_llm_ros.nodes.common import MatchGate, from_message, nav_adapter_param, run_node, stamp, to_message
 from edge_llm_ros.nodes.managed import ManagedNode, QwenFrameParams
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
@@ -90,6 +90,7 @@ class VerifierNode(ManagedNode):
         self.dropped_speculative = self.refused_busy = self.rejected = 0
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
         self.verify_pub = rt.shaped(self, self.create_publisher(self.VerifyResult, "verify", 100))
+        self.verify_gate = MatchGate(self, self.verify_pub)  # a robot that just started gets its outcomes
         self.create_subscription(rt.message("edge_llm_ros/msg/DraftTree"), "draft", self.on_draft, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
         self.create_service(rt.service("edge_llm_ros/srv/Profile"), "~/profile", self.on_profile)
@@ -298,6 +299,7 @@ class VerifierNode(ManagedNode):
             outcome = self.outbox.get()
             if outcome is None:
                 return
+            self.verify_gate.wait()
             self.verify_pub.publish(stamp(self, to_message(self.VerifyResult, outcome)))
 
     def destroy_node(self) -> None:

@@ -367,14 +367,14 @@ class ShapedPublisher:
         return getattr(self._publisher, name)
 
 
-def rclpy_shaped(node: Any, publisher: Any, topic: str | None = None) -> Any:  # pragma: no cover - needs ROS 2
+def rclpy_shaped(node: Any, publisher: Any, topic: str | None = None) -> Any:  # pragma: no cover - runs in node processes
     """runtime.shaped() under rclpy: `publisher` wrapped in its topic's link, or itself when none is configured.
 
     Reads the node's `link_emulation` parameters (declaring them on first use)
     and charges each message its size from rclpy.serialization.serialize_message.
     The links live as long as the node's process (daemon threads).
-    UNTESTED here: ROS 2 cannot be installed on the CI machine; the same
-    NodeLinks/ShapedPublisher code is tested on the embedded backend.
+    Tested under rclpy by test_edge_cloud_nodes (draft_node and verifier_node on
+    config/edge_cloud.yaml's links, [rclpy] cases), the link itself by test_link.
     Write the YAML floats as floats (25.0): rclpy parameters are statically typed.
     """
     from rclpy.exceptions import ParameterUninitializedException

@@ -238,6 +238,40 @@ def test_cloud_request_generates_until_its_tokens_or_eos(target, exits, ar):
     assert verifier.follow_up("nobody") is None
 
 
+def test_a_repeated_draft_gets_its_final_again_and_changes_nothing(target, exits, ar):
+    """A robot resends round 0 while nothing answered it (its first copy may have reached no
+    verifier): if both copies arrive, the second gets the first's final outcome, without early
+    outcomes or a second commit; the request goes on as if it came once."""
+    prompt = PROMPTS[0]
+    verifier = EarlyExitVerifier(target, exits)
+    draft = DraftRequest("r", 0, prompt, len(prompt), [5, 6], [-1, 0], [0.5, 0.5])
+    first = verifier.verify_all(draft)
+    assert len(first) > 1 and first[-1].final  # early outcomes, then the final
+    again = verifier.verify_all(dataclasses.replace(draft))  # an equal copy off the wire
+    assert again == [first[-1]]
+    tokens = [*prompt, *first[-1].new_tokens]
+    assert tokens[len(prompt):] == ar[tuple(prompt)][:len(first[-1].new_tokens)]
+    following = DraftRequest("r", 1, [], len(tokens), [], [], [])  # round 1 commits the next token
+    assert verifier.verify_all(following)[-1].next_token == ar[tuple(prompt)][len(first[-1].new_tokens)]
+    with pytest.raises(DraftError, match="stale"):  # an older round that is not the last one verified
+        verifier.verify(draft)
+    with pytest.raises(DraftError, match="stale"):  # round 0 again, but another draft than was verified
+        verifier.verify(dataclasses.replace(draft, token_ids=[7, 8]))
+
+
+def test_a_cloud_round_answered_again_asks_for_no_second_follow_up(target, exits):
+    prompt = PROMPTS[0]
+    verifier = EarlyExitVerifier(target, exits)
+    draft = DraftRequest("c", 0, prompt, len(prompt), [], [], [], early_exits=False, cloud_tokens=4)
+    final = verifier.verify_all(draft)[-1]
+    follow = verifier.follow_up("c")
+    assert follow is not None and follow.round == 1
+    assert verifier.verify_all(draft) == [final]  # round 0 resent: answered again
+    assert verifier.follow_up("c") is None  # round 1's follow-up is out already
+    verifier.verify_all(follow)
+    assert verifier.follow_up("c").round == 2
+
+
 class ChaosLink:
     """Holds a round's early outcomes and delivers them at its final: reversed, each twice, then the final
     twice, then the previous round's first early outcome again (stale)."""

@@ -84,7 +84,9 @@ class _ServedRequest:
     last_new: list[int] = field(default_factory=list)  # what the last round committed
     cloud: DraftRequest | None = None  # cloud autoregressive: the round-0 request (its sampling fields)
     cloud_left: int = 0  # tokens the verifier still generates by itself
+    followed: int = -1  # the round whose follow-up was last given out (one per round)
     last_used: float = field(default_factory=time.monotonic)  # when its last round ended (or it started)
+    answered: tuple[DraftRequest, VerifyOutcome] | None = None  # the last round verified, and its final outcome
 
 
 class EarlyExitVerifier:
@@ -245,12 +247,14 @@ class EarlyExitVerifier:
 
     def follow_up(self, request_id: str) -> DraftRequest | None:
         """A cloud request's next round (an empty draft: one more token), or None when it is done
-        (its cloud_tokens generated, an EOS token, the context window full) or not a cloud request."""
+        (its cloud_tokens generated, an EOS token, the context window full), not a cloud request, or
+        already given out for this round (a repeated draft answered again asks a second time)."""
         state = self._requests.get(request_id)
-        if state is None or state.cloud is None or state.cloud_left <= 0 or state.busy:
+        if state is None or state.cloud is None or state.cloud_left <= 0 or state.busy or state.followed == state.round:
             return None
         if state.tokens[-1] in self.eos_ids or len(state.tokens) >= self.target.max_context:
             return None
+        state.followed = state.round
         return dataclasses.replace(state.cloud, round=state.round, context_ids=[], prefix_len=len(state.tokens),
                                    cloud_tokens=0, task="", image_features=[])
 
@@ -259,8 +263,14 @@ class EarlyExitVerifier:
     def verify(self, draft: DraftRequest) -> Iterator[VerifyOutcome]:
         """Check ``draft`` now (DraftError / RequestLimitError), then stream its outcomes: early
         ones in layer order as each exit is reached, the final one last. Nothing is committed
-        unless the stream reaches the final outcome."""
+        unless the stream reaches the final outcome. A draft equal to the one just verified, not
+        speculative (a robot resends round 0 that nothing answered: its first copy may have reached
+        no verifier), gets that round's final outcome again, and nothing else happens."""
         draft.check(self.target.vocab_size)
+        state = self._requests.get(draft.request_id)
+        if (state is not None and not draft.speculative and not state.busy and state.answered is not None
+                and state.answered[0] == draft):
+            return iter([state.answered[1]])
         state, pending = self._admit(draft)
         root = (state.tokens + pending)[-1]
         tree = draft.to_tree(root, self.target.vocab_size)
@@ -345,6 +355,7 @@ class EarlyExitVerifier:
         self._commit(state, tree, pending, final)
         final.verify_time_s = time.perf_counter() - start - paused
         self._record(hypotheses, final, final.verify_time_s)
+        state.answered = (draft, final)
         yield final
 
     # -- the steps of one round -------------------------------------------------------------------
