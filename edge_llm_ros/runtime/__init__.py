@@ -68,7 +68,11 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
         try:
             return getattr(importlib.import_module(f"{pkg}.{kind}"), cls)
         except (ImportError, AttributeError) as exc:
-            raise InterfaceError(f"unknown {kind} type '{name}' ({exc})") from exc
+            hint = ""
+            if pkg == "edge_llm_ros" and isinstance(exc, ImportError):  # ROS 2 sourced, this package's install not
+                hint = ("; ROS 2 is sourced but not this package's interfaces: `make ros2`, then `source "
+                        "build/ros2/install/local_setup.bash` (or EDGE_LLM_BACKEND=zenoh for the embedded backend)")
+            raise InterfaceError(f"unknown {kind} type '{name}' ({exc}){hint}") from exc
 
     def message(name: str) -> Any:
         return _import_type(name, "msg")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -578,28 +579,26 @@ def scenario_of(argv: list[str]) -> str:
     return "engine"
 
 
+# The other scenarios: the module whose main() runs each (imported when it runs), and those that
+# send Generate goals from this process (they need this package's interfaces).
+SCENARIOS = {"edge-cloud": "bench_edge_cloud", "reliability": "reliability", "serving": "bench_serving",
+             "pipeline": "bench_pipeline", "nav": "bench_nav"}
+GOAL_SCENARIOS = ("edge-cloud", "reliability", "serving", "pipeline")
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if scenario_of(argv) == "edge-cloud":
-        from .bench_edge_cloud import main as edge_cloud_main
+    scenario = scenario_of(argv)
+    if scenario in GOAL_SCENARIOS:
+        from edge_llm_ros.runtime import InterfaceError, action
 
-        return edge_cloud_main(argv, out, err)
-    if scenario_of(argv) == "reliability":
-        from .reliability import main as reliability_main
-
-        return reliability_main(argv, out, err)
-    if scenario_of(argv) == "serving":
-        from .bench_serving import main as serving_main
-
-        return serving_main(argv, out, err)
-    if scenario_of(argv) == "pipeline":
-        from .bench_pipeline import main as pipeline_main
-
-        return pipeline_main(argv, out, err)
-    if scenario_of(argv) == "nav":
-        from .bench_nav import main as nav_main
-
-        return nav_main(argv, out, err)
+        try:  # before anything starts: under ROS 2 without this package's install, the one line says what to do
+            action("edge_llm_ros/action/Generate")
+        except InterfaceError as exc:
+            print(f"error: {one_line(exc)}", file=sys.stderr if err is None else err, flush=True)
+            return EXIT_USAGE
+    if scenario in SCENARIOS:
+        return importlib.import_module(f"{__package__}.{SCENARIOS[scenario]}").main(argv, out, err)
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:

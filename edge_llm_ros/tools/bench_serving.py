@@ -289,8 +289,8 @@ class Clients:
         from edge_llm_ros.runtime.actions import ActionClient
         from edge_llm_ros.runtime.cli import Session
 
+        self.Generate = action("edge_llm_ros/action/Generate")  # before the session: an unknown type leaves none open
         self.session = Session()
-        self.Generate = action("edge_llm_ros/action/Generate")
         self.client = ActionClient(self.session.node, self.Generate, f"{NAMESPACE}/generate", call_timeout=30.0)
 
     def wait_ready(self, deployment: Deployment, ready: list[str], timeout: float) -> None:

@@ -83,6 +83,25 @@ def test_a_sourced_ros2_selects_rclpy_else_the_embedded_backend(env):
     assert python({**env, "EDGE_LLM_BACKEND": "zenoh"}, show) == "zenoh | EDGE_LLM_BACKEND=zenoh"
 
 
+def test_a_bench_under_ros2_without_this_packages_install_says_what_to_source(env):
+    """ROS 2 sourced, this package's colcon install not (this checkout on PYTHONPATH): a bench that
+    sends Generate goals stops at once with one error line naming what to source, no traceback."""
+    install = str(REPO / "build" / "ros2" / "install")
+
+    def without_install(value: str) -> list[str]:
+        return [p for p in value.split(os.pathsep) if p and not os.path.realpath(p).startswith(install)]
+
+    half = dict(env, PYTHONPATH=os.pathsep.join([str(REPO), *without_install(env.get("PYTHONPATH", ""))]),
+                AMENT_PREFIX_PATH=os.pathsep.join(without_install(env.get("AMENT_PREFIX_PATH", ""))))
+    out = subprocess.run([sys.executable, "-m", "edge_llm_ros.cli", "bench", "--scenario", "serving", "--quick"],
+                         env=half, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "unknown action type 'edge_llm_ros/action/Generate'" in errors[0]
+    assert "`make ros2`, then `source build/ros2/install/local_setup.bash`" in errors[0]
+
+
 # -- interfaces ------------------------------------------------------------------------------------
 
 SAMPLES = {  # a value for every kind of field, so that the two serializers meet each one
