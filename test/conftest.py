@@ -26,7 +26,6 @@ ROS2_INSTALL = REPO / "build" / "ros2" / "install"
 
 PROC_TAIL_LINES = 40  # of each running node process, in a failing test's report
 TEST_STARTED = pytest.StashKey[float]()  # time.monotonic() as the test's setup began
-CLOCK_SLACK_S = 1.0
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -42,9 +41,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         since = item.stash.get(TEST_STARTED, 0.0)
-        stopped = [proc for at, proc in Proc.stopped if at >= since - CLOCK_SLACK_S]
+        stopped = [proc for at, proc in Proc.stopped if at >= since]
         for proc in [*Proc.running, *stopped]:
-            name = " ".join(str(a) for a in proc.args[1:4])
+            name = " ".join(str(a) for a in proc.popen.args[1:4])
             report.sections.append((f"last lines of {name} (pid {proc.popen.pid})", proc.tail(PROC_TAIL_LINES)))
 
 

@@ -62,7 +62,7 @@ class Proc:
         full_env.update(env or {})
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       env=full_env, cwd=cwd, start_new_session=True, preexec_fn=default_sigint)
-        self.args, self.lines = args, []
+        self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
         Proc.running.add(self)

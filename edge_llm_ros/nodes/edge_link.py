@@ -104,7 +104,7 @@ class VerifierLink:
         inbox: queue.Queue = queue.Queue()
         self.inboxes[request_id] = inbox
         committed, first = [0], []  # first: round 0's draft, resent until anything answers
-        resend_at = [time.monotonic() + PEER_CHECK_S, PEER_CHECK_S]  # when next, and the interval
+        resend_at = [0.0, PEER_CHECK_S]  # when next (set as round 0 goes out), and the interval
 
         def send(draft) -> None:
             if draft.round == 0:
