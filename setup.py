@@ -31,7 +31,7 @@ setup(
     ],
     extras_require={
         "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
-        # Qwen2-VL / Qwen2.5-VL preprocessing (core/nav/qwen_vl.py): qwen-vl-utils imports torchvision,
+        # Qwen2-VL / Qwen2.5-VL preprocessing (nav/qwen_vl.py): qwen-vl-utils imports torchvision,
         # which must be built for the installed torch (the Makefile's `vlm` venv says why it has its own).
         "vlm": ["qwen-vl-utils>=0.0.14", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png

@@ -7,6 +7,9 @@ modules are still found: every `edge_llm_ros` folder on sys.path joins this pack
 this one.
 """
 
+from pathlib import Path
 from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)
+
+DATA = Path(__file__).resolve().parent / "data"  # shipped prompts, trained drafts, exits and the nav adapter

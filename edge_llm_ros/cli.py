@@ -23,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     if verb in TOOL_VERBS:
         return importlib.import_module(f"edge_llm_ros.tools.{verb}").main(argv[1:])
     if verb == "demo":
-        from .demo import main as demo_main
+        from edge_llm_ros.demo import main as demo_main
 
         return demo_main(argv[1:])
-    from .runtime.cli import main as runtime_main
+    from edge_llm_ros.runtime.cli import main as runtime_main
 
     return runtime_main(argv)
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from .runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
+from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
 
 PLANNED = re.compile(r"\[planner_node-\d+\].*(published the device plan|no plan published)")
 SERVING = re.compile(r"\[serve_node-\d+\].*serving ")  # up, on its own choice
@@ -118,7 +118,7 @@ def _fail(message: str, launch: _Launch) -> int:
 
 def _ask(args: argparse.Namespace, launch: _Launch, ready_line: int) -> int:
     """Listen on response and stats, send the instruction, stream the answer, print the figures."""
-    from . import runtime as rt
+    from edge_llm_ros import runtime as rt
 
     rt.init(args=[])
     node = rt.Node("demo")

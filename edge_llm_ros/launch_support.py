@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .runtime.launcher import PACKAGE, LaunchError, NodeSpec, find_config
-from .runtime.params import format_param_value, load_params_files
+from edge_llm_ros.runtime.launcher import PACKAGE, LaunchError, NodeSpec, find_config
+from edge_llm_ros.runtime.params import format_param_value, load_params_files
 
 
 def config_path(config: str) -> Path:
@@ -52,10 +52,11 @@ def config_path(config: str) -> Path:
 def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] = ()):
     """launch.LaunchDescription for NODES (launch file dicts) with CONFIG (a params file under config/)
     and ``overlays``, params files layered over it in order (a launch file's OVERLAY argument)."""
-    from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, Shutdown
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import LifecycleNode, Node
+
+    from launch import LaunchDescription
 
     source = Path(f"<{config} launch>")
     specs = [NodeSpec.from_entry(entry, source) for entry in nodes]

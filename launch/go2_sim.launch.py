@@ -46,10 +46,10 @@ def select_nodes(arguments: dict[str, str]) -> list[str]:
 
 
 def generate_launch_description():
-    from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, OpaqueFunction
 
     from edge_llm_ros.launch_support import describe
+    from launch import LaunchDescription
 
     def nodes(context):
         chosen = select_nodes({"deployment": context.launch_configurations.get("deployment", "robot")})

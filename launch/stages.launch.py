@@ -32,11 +32,11 @@ NODES.append({"executable": "draft_node", "name": "draft_node", "namespace": "ed
 
 
 def read_plan(path: str):
-    """The core.pipeline_plan.PipelinePlan that `plan:=` names; ValueError if the file is missing, is no
+    """The core.planning.pipeline_plan.PipelinePlan that `plan:=` names; ValueError if the file is missing, is no
     plan `edge-llm-ros plan --pipeline` wrote, or was edited since."""
     from pathlib import Path
 
-    from edge_llm_ros.core.pipeline_plan import PipelinePlan
+    from edge_llm_ros.core.planning.pipeline_plan import PipelinePlan
 
     try:
         return PipelinePlan.from_yaml(Path(path).expanduser().read_text())
@@ -46,7 +46,7 @@ def read_plan(path: str):
 
 def select_nodes(arguments: dict[str, str]) -> list[str]:
     """The slots `layers` asks for; ValueError for a gap, an overlap, too many stages, or a bad `plan`."""
-    from edge_llm_ros.core.partition import check_ranges
+    from edge_llm_ros.core.planning.partition import check_ranges
     from edge_llm_ros.nodes.stage_node import layer_ranges
 
     if arguments.get(OVERLAY):
@@ -65,11 +65,11 @@ def select_nodes(arguments: dict[str, str]) -> list[str]:
 def generate_launch_description():
     import os
 
-    from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument, OpaqueFunction
 
     from edge_llm_ros.launch_support import config_path, describe
     from edge_llm_ros.runtime.params import load_params_file
+    from launch import LaunchDescription
 
     def stages(context):
         configs = context.launch_configurations

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-
 from support import REPO, Proc, check_loopback_only, python_module, wait_until
 
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this

@@ -10,12 +10,12 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from edge_llm_ros.core import projected_speedup
-from edge_llm_ros.core.llama_backend import llama_cpp_available
-from edge_llm_ros.tools import bench, bench_edge_cloud as ec
-
 from support import REPO
+
+from edge_llm_ros.core.edge_cloud import projected_speedup
+from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
+from edge_llm_ros.tools import bench
+from edge_llm_ros.tools import bench_edge_cloud as ec
 
 
 def goal(tokens: int, wall_s: float, tau: float, draft_s: float = 0.0, verify_s: float = 0.0, miss: float = 0.0,

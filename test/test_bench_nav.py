@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, IMAGE_HEADER_BYTES, Link, ee_go2_costs, plan
-from edge_llm_ros.core.nav.world import Pose
+from edge_llm_ros.nav.deployment import DEPLOYMENTS, IMAGE_HEADER_BYTES, Link, ee_go2_costs, plan
+from edge_llm_ros.nav.world import Pose
 from edge_llm_ros.tools import bench
 from edge_llm_ros.tools.bench_nav import Computed, Decisions, pose_key
 

@@ -20,12 +20,13 @@ import json
 import numpy as np
 import pytest
 
-from edge_llm_ros.core import generate_all, preset
-from edge_llm_ros.core.drafters import ModelDrafter
-from edge_llm_ros.core.models import load_model, tiny_llama
-from edge_llm_ros.core.pipeline import PipelineAR
-from edge_llm_ros.core.pipesim import (CostModel, DraftCost, LayerProfile, Link, even_ranges, jetson_costs,
-                                       simulate)
+from edge_llm_ros.core.engine.config import preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import load_model, tiny_llama
+from edge_llm_ros.core.pipeline.schedulers import PipelineAR
+from edge_llm_ros.core.planning.costs import CostModel, DraftCost, LayerProfile, Link, even_ranges, jetson_costs
+from edge_llm_ros.core.sim.pipeline import simulate
 from edge_llm_ros.tools import bench_pipeline as bp
 from edge_llm_ros.tools.pipeline_deployment import Goal
 from edge_llm_ros.tools.pipeline_report import TOLERANCE

@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-
-from edge_llm_ros.tools import bench, bench_serving as bs
-
 from support import REPO
+
+from edge_llm_ros.tools import bench
+from edge_llm_ros.tools import bench_serving as bs
 
 PROMPTS = [bs.BenchPrompt(f"p{i}", "chat", f"prompt {i}") for i in range(3)]
 EOS = 99

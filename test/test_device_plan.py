@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from edge_llm_ros.core import TreeSpec
-from edge_llm_ros.core.device_plan import (
+from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.planning.device_plan import (
     FORMAT,
     PLAN_ENV,
     PlanError,
@@ -208,7 +208,7 @@ def test_a_broken_default_plan_is_an_error_naming_it(tmp_path, monkeypatch):
 def test_a_plan_that_drafts_on_llama_cpp_makes_generate_draft_there(tmp_path):
     """The real model: a plan choosing sd with the llama.cpp draft (the shipped draft's GGUF) on the torch
     target; generate drafts on llama.cpp, and greedy output is the target's (ar) text."""
-    from edge_llm_ros.core import default_model_path
+    from edge_llm_ros.core.engine.models import default_model_path
 
     path = write_plan(tmp_path / "plan.json", mode="sd", gamma=3, model=str(default_model_path()),
                       draft_backend="llama.cpp")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm_ros.core import ModelDrafter, build_exits, tiny_llama
+from edge_llm_ros.core.drafts.exits import build_exits
 from edge_llm_ros.core.edge_cloud import DraftRequest
-from edge_llm_ros.core.pipesim import RowScale
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.planning.costs import RowScale
 from edge_llm_ros.tools import edge_cloud_sim as ecs
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7]
@@ -43,7 +45,7 @@ def test_the_server_runs_at_the_speed_of_a_whole_forward(model):
     exits and head scale by it, the robot's costs do not."""
     from dataclasses import replace
 
-    from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
+    from edge_llm_ros.core.sim.edge_cloud import EdgeCloudCosts
 
     layers = model.verifier.target.layer_ids
     flat = EdgeCloudCosts(lambda layer, rows, cached: 0.001 * rows, head_s=lambda rows: 0.002 * rows)
@@ -89,8 +91,8 @@ def test_a_timed_drafter_ends_requests_where_its_drafter_would():
     through. Before it did, a cloud request that hit EOS waited for a round that never came."""
     from types import SimpleNamespace
 
-    from edge_llm_ros.core.decoding import eos_ids
-    from edge_llm_ros.core.pipesim import TimedDrafter
+    from edge_llm_ros.core.engine.decoding import eos_ids
+    from edge_llm_ros.core.planning.costs import TimedDrafter
 
     drafter = ModelDrafter(tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, seed=1))
     drafter.tokenizer = SimpleNamespace(eos_token_id=7)

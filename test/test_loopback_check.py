@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from support import check_loopback_only
 
 PROFILE = """<?xml version="1.0" encoding="UTF-8"?>

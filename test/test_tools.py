@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge_llm_ros.core import MODES, ModelDrafter, PromptLookupDrafter, chat_prompt, preset
+from edge_llm_ros.core.drafts.loading import LoadError, build_drafter, byte_tokenizer, load_target
+from edge_llm_ros.core.engine.config import MODES, preset
+from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
+from edge_llm_ros.core.engine.drafters import ModelDrafter, PromptLookupDrafter
+from edge_llm_ros.core.engine.models import chat_prompt
 from edge_llm_ros.tools import bench, generate
-from edge_llm_ros.core.detokenize import IncrementalDecoder
-from edge_llm_ros.core.loading import LoadError, build_drafter, byte_tokenizer, load_target
 from edge_llm_ros.tools.loading import hf_view
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,7 +160,7 @@ def test_draft_specs(tiny, tmp_path):
 
 
 def test_trained_draft_folders_and_the_default_go_through_load_drafter(tiny, tmp_path, monkeypatch):
-    from edge_llm_ros.core import loading
+    from edge_llm_ros.core.drafts import loading
 
     trained = tmp_path / "k2"
     trained.mkdir()
@@ -360,8 +362,8 @@ def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
                       [("ar", None)] + [(m, d) for m in ("sd", "tree") for d in ("torch", "llama.cpp")]}
     assert saved["draft_backend"] == (saved["choice"]["draft_backend"]
                                       or min(saved["drafts"], key=lambda d: d["ms_per_token"])["backend"])
-    from edge_llm_ros.core import default_model_path
-    from edge_llm_ros.core.device_plan import load_plan
+    from edge_llm_ros.core.engine.models import default_model_path
+    from edge_llm_ros.core.planning.device_plan import load_plan
 
     read = load_plan(path, default_model_path())  # what generate and the nodes read
     assert (read.backend, read.mode, read.threads) == (saved["choice"]["backend"], saved["choice"]["mode"], 1)

@@ -1,6 +1,6 @@
 """The pipeline projection's trees, swept: FlowSpec and Chunk-PP tokens/s on the projected Jetson-class
-stages (core/pipesim.jetson_costs, the same simulator and inputs as `bench --scenario pipeline`) for
-tree shapes other than FlowSpec's own evaluation setting (core/pipeline.PAPER_SHAPE).
+stages (core/planning/costs.jetson_costs, the same simulator and inputs as `bench --scenario pipeline`) for
+tree shapes other than FlowSpec's own evaluation setting (core/pipeline/schedulers.PAPER_SHAPE).
 
     python docs/sweeps/pipeline_shapes.py STAGES MODES SHAPE [SHAPE ...]
     python docs/sweeps/pipeline_shapes.py 8 flowspec,chunk_pp paper init_size=48,expand_size=32
@@ -19,8 +19,8 @@ import time
 
 from tqdm import tqdm
 
-from edge_llm_ros.core.pipeline import PAPER_SHAPE
-from edge_llm_ros.core.pipesim import even_ranges, jetson_costs
+from edge_llm_ros.core.pipeline.schedulers import PAPER_SHAPE
+from edge_llm_ros.core.planning.costs import even_ranges, jetson_costs
 from edge_llm_ros.tools import bench_pipeline as bench
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS
 

@@ -13,7 +13,6 @@ from typing import Callable
 
 from edge_llm_ros import runtime as rt
 
-
 MALLOC_ARENAS = 2
 
 
@@ -219,7 +218,7 @@ def _plain(value):
 def nav_adapter_param(value: str, target):
     """The navigation adapter a node's `nav_adapter` parameter names ('shipped' or a folder),
     checked against ``target``; None for ''. ValueError naming the parameter."""
-    from edge_llm_ros.core.nav.vlm import NavAdapter
+    from edge_llm_ros.nav.vlm import NavAdapter
 
     if not value:
         return None

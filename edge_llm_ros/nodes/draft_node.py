@@ -83,7 +83,7 @@ class Finished:
     ttft_s: float = 0.0
     wall_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
-    drafts: object = None  # a pipeline request's drafter, timed (core.pipesim.TimedDrafter): D0's draft cost
+    drafts: object = None  # a pipeline request's drafter, timed (core.planning.costs.TimedDrafter): D0's draft cost
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,8 @@ class DraftParams(ManagedParams):
                                   "whole prompt at once)", low=0, high=1_000_000)
 
     def __post_init__(self) -> None:
-        from edge_llm_ros.core import EDGE_MODES
-        from edge_llm_ros.core.pipeline import PIPELINE_MODES
+        from edge_llm_ros.core.edge_cloud import EDGE_MODES
+        from edge_llm_ros.core.pipeline.schedulers import PIPELINE_MODES
 
         modes = PIPELINE_MODES if self.stages() else EDGE_MODES
         if self.mode not in modes:
@@ -162,9 +162,9 @@ class DraftNode(ManagedNode):
     def load(self) -> str:
         import torch
 
-        from edge_llm_ros.core import EarlyExitDrafter
-        from edge_llm_ros.core.loading import (LoadError, build_drafters, check_draft_spec, planned_draft_backend,
-                                               resolve_draft_backend)
+        from edge_llm_ros.core.drafts.loading import LoadError, build_drafters, check_draft_spec, resolve_draft_backend
+        from edge_llm_ros.core.edge_cloud import EarlyExitDrafter
+        from edge_llm_ros.core.planning.device_plan import planned_draft_backend
 
         p = self.params
         if p.threads:
@@ -222,8 +222,9 @@ class DraftNode(ManagedNode):
     def config_for(self, goal=None):
         """(edge mode, GenerationConfig): the node's, with the goal's overrides; ValueError if the
         node is not active or the goal is bad."""
-        from edge_llm_ros.core import EDGE_MODES, preset
-        from edge_llm_ros.core.pipeline import PIPELINE_MODES
+        from edge_llm_ros.core.edge_cloud import EDGE_MODES
+        from edge_llm_ros.core.engine.config import preset
+        from edge_llm_ros.core.pipeline.schedulers import PIPELINE_MODES
 
         if refusal := self.refusal():
             raise ValueError(refusal)
@@ -245,15 +246,15 @@ class DraftNode(ManagedNode):
         return mode, config
 
     def prompt_ids(self, text: str) -> list[int]:
-        from edge_llm_ros.core import chat_prompt, encode
+        from edge_llm_ros.core.engine.models import chat_prompt, encode
 
         return chat_prompt(self.tokenizer, text) if self.params.chat_template else encode(self.tokenizer, text)
 
     def stream(self, prompt: str, mode: str, config, finished: Finished):
         """Yield a Step per committed round; ``finished`` says how the request ended. Raises
         VerifierTimeout, DraftRejectedError or ValueError (bad prompt / outcome)."""
-        from edge_llm_ros.core import EDGE_MODES
-        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.core.edge_cloud import EDGE_MODES
+        from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
 
         if not prompt.strip():
             raise ValueError("prompt is empty")
@@ -284,9 +285,9 @@ class DraftNode(ManagedNode):
     def stream_stages(self, prompt: str, mode: str, config, finished: Finished):
         """stream() through the stage pipeline: one Step per answer that commits tokens (outline: one
         per point)."""
-        from edge_llm_ros.core.decoding import eos_ids
-        from edge_llm_ros.core.pipeline import make_scheduler
-        from edge_llm_ros.core.pipesim import TimedDrafter
+        from edge_llm_ros.core.engine.decoding import eos_ids
+        from edge_llm_ros.core.pipeline.schedulers import make_scheduler
+        from edge_llm_ros.core.planning.costs import TimedDrafter
 
         if self.stage_drafter is None:
             raise ValueError(self.refusal() or "not configured")
@@ -314,7 +315,7 @@ class DraftNode(ManagedNode):
 
     def stream_scheduler(self, scheduler, finished: Finished, started: float):
         """One request through the stages, a Step per answer that commits tokens."""
-        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
         from edge_llm_ros.nodes.stage_client import scheduler_stats
 
         decoder = IncrementalDecoder(self.tokenizer)
@@ -332,11 +333,11 @@ class DraftNode(ManagedNode):
             finished.stats = scheduler_stats(scheduler)
 
     def stream_outline(self, prompt: str, rid: str, make, config, finished: Finished, started: float):
-        """Outline decoding (core/outline.py, NOT lossless): the outline with flowspec, then every point
+        """Outline decoding (core/pipeline/outline.py, NOT lossless): the outline with flowspec, then every point
         at once through the stages, streamed point by point in order; an outline of fewer than two
         points: the plain flowspec answer instead."""
-        from edge_llm_ros.core.decoding import eos_ids
-        from edge_llm_ros.core.outline import Outline
+        from edge_llm_ros.core.engine.decoding import eos_ids
+        from edge_llm_ros.core.pipeline.outline import Outline
         from edge_llm_ros.nodes.stage_client import scheduler_stats
 
         def flowspec(request_id, ids, max_new_tokens, **fork):
@@ -435,7 +436,7 @@ class DraftNode(ManagedNode):
 
     def stats_msg(self, request_id: str, mode: str, requests: list[Finished]):
         """InferenceStats over ``requests`` (one: that request's; several: the aggregate, request_id '')."""
-        from edge_llm_ros.core import mean_tau
+        from edge_llm_ros.core.engine.config import mean_tau
 
         done = [f for f in requests if f.stats is not None]
         rounds = [a for f in done for a in f.stats.accepted]

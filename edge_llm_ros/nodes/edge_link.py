@@ -75,7 +75,7 @@ class VerifierLink:
     def on_verify(self, msg) -> None:
         """Early outcomes go to the drafter (pre-drafting), finals (and stages' refusals) to their
         request's inbox."""
-        from edge_llm_ros.core import VerifyOutcome
+        from edge_llm_ros.core.edge_cloud import VerifyOutcome
 
         outcome = from_message(VerifyOutcome, msg)
         inbox, drafter = self.inboxes.get(outcome.request_id), self.drafter
@@ -96,7 +96,7 @@ class VerifierLink:
         request ends with the generator (the drafter forgets it, the verifier is told to release
         it; ``stats_out`` gets its EdgeCloudStats). ``start``: EarlyExitDrafter.start's keywords.
         Raises VerifierTimeout, DraftRejectedError or ValueError."""
-        from edge_llm_ros.core import robot_rounds
+        from edge_llm_ros.core.edge_cloud import robot_rounds
 
         drafter = self.drafter
         if drafter is None:

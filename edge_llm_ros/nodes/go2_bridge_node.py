@@ -2,7 +2,7 @@
 
 Subscribes to `nav_action` (edge_llm_ros/msg/NavAction) under its namespace (default /edge_llm)
 and to `/estop` (std_msgs/msg/Bool: true latches a stop and refuses every NavAction until false
-releases it). Each accepted NavAction becomes an acceleration-limited motion (core/nav/motion.py)
+releases it). Each accepted NavAction becomes an acceleration-limited motion (nav/motion.py)
 that the control loop sends every 1/`rate_hz` s and ends with a stop, on the output `output` picks:
 
     cmd_vel   geometry_msgs/msg/Twist on /cmd_vel (go2_ros2_sdk reads it through twist_mux)
@@ -26,8 +26,8 @@ import threading
 import time
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.core.nav.actions import MAGNITUDES, Magnitudes
-from edge_llm_ros.core.nav.motion import Executor, MotionLimits, Setpoint, to_command
+from edge_llm_ros.nav.actions import MAGNITUDES, Magnitudes
+from edge_llm_ros.nav.motion import Executor, MotionLimits, Setpoint, to_command
 from edge_llm_ros.nodes.common import latched_qos, run_node
 from edge_llm_ros.nodes.parameters import Spec, declare, descriptor, param
 

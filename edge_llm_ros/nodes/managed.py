@@ -42,7 +42,7 @@ class ManagedParams:
 
 @dataclasses.dataclass(frozen=True)
 class QwenFrameParams(ManagedParams):
-    """The frame size of a Qwen VLM (core/nav/qwen_vl.py): a navigator resizes its frames to it and
+    """The frame size of a Qwen VLM (nav/qwen_vl.py): a navigator resizes its frames to it and
     its verifier reads them at it, so both declare it alike."""
 
     vlm_height: int = param(252, "Qwen VLM: frames are resized to this height (pixels, rounded to 28; a navigator "
@@ -52,7 +52,7 @@ class QwenFrameParams(ManagedParams):
 
     @property
     def qwen_size(self):
-        from edge_llm_ros.core.nav.qwen_vl import QwenImageSize
+        from edge_llm_ros.nav.qwen_vl import QwenImageSize
 
         return QwenImageSize(self.vlm_height, self.vlm_width)
 

@@ -1,4 +1,4 @@
-"""navigator_node: camera frames + an instruction -> NavActions, decided by the VLM (core/nav).
+"""navigator_node: camera frames + an instruction -> NavActions, decided by the VLM (nav).
 
 Subscribes `/camera/image_raw` (sensor_msgs/Image) and `/camera/image_raw/compressed`
 (sensor_msgs/CompressedImage), keeping the newest frame, and `instruction` (std_msgs/String)
@@ -26,7 +26,7 @@ answers are again the one-device answers. A stage that refuses, dies or does not
 
 `vlm`: a local Qwen2-VL or Qwen2.5-VL checkpoint folder instead of SmolLM2 + the trained adapter
 (`vlm_draft`: its draft, e.g. Qwen2-VL-2B beside a 7B, for sd and tree), read through
-qwen-vl-utils and the checkpoint's processor (core/nav/qwen_vl.py), frames resized to
+qwen-vl-utils and the checkpoint's processor (nav/qwen_vl.py), frames resized to
 `vlm_width` x `vlm_height`. Over edge_cloud the robot holds `vlm_draft` only (the target is the
 verifier's `nav_vlm`) and sends the resized frame with round 0. The load log names the VLM and
 backend a run used.
@@ -34,7 +34,7 @@ backend a run used.
 `overlap` (default true): the next decision is made while the robot executes the current action,
 so the robot does not stand and wait for the model (EE's pre-drafting; LiveVLN's overlap). It
 starts about one decision time before the motion ends (the bridge's state says how long a motion
-takes; core/nav/overlap.py), and is carried over by odometry (`/odom`, nav_msgs/Odometry) from the
+takes; nav/overlap.py), and is carried over by odometry (`/odom`, nav_msgs/Odometry) from the
 pose its frame was taken at to the pose the robot stopped at: a turn keeps its goal heading, a
 move its goal point. A decision the motion already did is dropped and the next one starts. With
 no odometry for the frame's time, an overlapped decision is dropped (relative actions from
@@ -159,12 +159,14 @@ class NavigatorNode(ManagedNode):
     def load(self) -> str:
         import numpy as np
 
-        from edge_llm_ros.core import EDGE_MODES, GenerationConfig, load_model
-        from edge_llm_ros.core.draft_models import load_draft
-        from edge_llm_ros.core.loading import draft_home, set_threads
-        from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
-        from edge_llm_ros.core.nav.overlap import PoseHistory
-        from edge_llm_ros.core.nav.vlm import NavAdapter
+        from edge_llm_ros.core.drafts.draft_models import load_draft
+        from edge_llm_ros.core.drafts.loading import draft_home, set_threads
+        from edge_llm_ros.core.edge_cloud import EDGE_MODES
+        from edge_llm_ros.core.engine.config import GenerationConfig
+        from edge_llm_ros.core.engine.models import load_model
+        from edge_llm_ros.nav.navigator import MAX_ANSWER_TOKENS, Navigator
+        from edge_llm_ros.nav.overlap import PoseHistory
+        from edge_llm_ros.nav.vlm import NavAdapter
 
         p = self.params
         set_threads(p.threads)
@@ -189,7 +191,7 @@ class NavigatorNode(ManagedNode):
         config = GenerationConfig(mode=mode, max_new_tokens=MAX_ANSWER_TOKENS, gamma=p.gamma, tree_depth=p.gamma)
         blank = np.zeros((96, 128, 3), np.uint8)
         if p.deployment == "pipeline":
-            from edge_llm_ros.core.nav.navigator import PipelineNavigator
+            from edge_llm_ros.nav.navigator import PipelineNavigator
 
             self.navigator = PipelineNavigator(adapter, draft, self.stages.run, p.mode, config, segment=p.segment,
                                                in_flight=p.in_flight or p.stages, prefill_chunk=p.prefill_chunk)
@@ -214,7 +216,7 @@ class NavigatorNode(ManagedNode):
 
     def qwen_vlm(self):
         """(the VLM, target, draft) of a Qwen VLM from local checkpoints (parameters vlm, vlm_draft)."""
-        from edge_llm_ros.core.nav.qwen_vl import QwenVL
+        from edge_llm_ros.nav.qwen_vl import QwenVL
 
         p = self.params
         if p.deployment == "edge_cloud":
@@ -224,9 +226,9 @@ class NavigatorNode(ManagedNode):
 
     def remote_navigator(self, adapter, draft, config):
         """The robot's half of an edge-cloud navigator, its rounds over this node's VerifierLink."""
-        from edge_llm_ros.core import EarlyExitDrafter
-        from edge_llm_ros.core.drafters import ModelDrafter
-        from edge_llm_ros.core.nav.navigator import EdgeCloudNavigator
+        from edge_llm_ros.core.edge_cloud import EarlyExitDrafter
+        from edge_llm_ros.core.engine.drafters import ModelDrafter
+        from edge_llm_ros.nav.navigator import EdgeCloudNavigator
 
         # the shared drafter answers what a request without its own asks (tokenizer, window: cloud ar);
         # every speculative decision drafts with one conditioned on its frame
@@ -243,7 +245,7 @@ class NavigatorNode(ManagedNode):
     # -- inputs ----------------------------------------------------------------------------------
 
     def on_image(self, msg) -> None:
-        from edge_llm_ros.core.nav.frames import FrameError, from_raw
+        from edge_llm_ros.nav.frames import FrameError, from_raw
 
         try:
             frame = from_raw(msg.encoding, msg.width, msg.height, msg.step, msg.data)
@@ -253,7 +255,7 @@ class NavigatorNode(ManagedNode):
         self.new_frame(frame, msg.header.stamp)
 
     def on_compressed(self, msg) -> None:
-        from edge_llm_ros.core.nav.frames import FrameError, from_compressed
+        from edge_llm_ros.nav.frames import FrameError, from_compressed
 
         try:
             frame = from_compressed(msg.format, msg.data)
@@ -285,7 +287,7 @@ class NavigatorNode(ManagedNode):
             self.publish_stop("", "instruction cleared")
 
     def on_odometry(self, msg) -> None:
-        from edge_llm_ros.core.nav.world import Pose
+        from edge_llm_ros.nav.world import Pose
 
         q, position = msg.pose.pose.orientation, msg.pose.pose.position
         yaw = math.atan2(2 * (q.w * q.z + q.x * q.y), 1 - 2 * (q.y * q.y + q.z * q.z))
@@ -294,7 +296,7 @@ class NavigatorNode(ManagedNode):
                 self.poses.add(seconds(msg.header.stamp), Pose(position.x, position.y, yaw))
 
     def on_bridge_state(self, msg) -> None:
-        from edge_llm_ros.core.nav.motion import motion_seconds
+        from edge_llm_ros.nav.motion import motion_seconds
 
         with self.lock:
             takes = motion_seconds(msg.data)
@@ -346,8 +348,8 @@ class NavigatorNode(ManagedNode):
         taken after it stopped. Overlapped: the next decision starts when the schedule says (one
         decision time before the motion ends) from the newest frame, and waits (``pending``) for
         the bridge to become idle; the state callback hands it over at once then."""
-        from edge_llm_ros.core.nav.navigator import Waiting
-        from edge_llm_ros.core.nav.overlap import Overlap
+        from edge_llm_ros.nav.navigator import Waiting
+        from edge_llm_ros.nav.overlap import Overlap
 
         with self.lock:
             self.waiting, self.pending, self.handed = Waiting(), None, 0
@@ -437,8 +439,8 @@ class NavigatorNode(ManagedNode):
 
     def carry(self, frame, decision):
         """(Under the lock.) The decision carried over by odometry from its frame's pose to the pose
-        now (core/nav/overlap.reanchor), or None to drop it."""
-        from edge_llm_ros.core.nav.overlap import reanchor
+        now (nav/overlap.reanchor), or None to drop it."""
+        from edge_llm_ros.nav.overlap import reanchor
 
         at_frame = self.poses.at(seconds(frame[1]))
         now = self.poses.latest

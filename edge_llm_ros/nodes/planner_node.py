@@ -70,8 +70,8 @@ class PlannerNode(rt.Node):
         super().__init__("planner_node", **{"namespace": "edge_llm", **node_options})
         import torch
 
-        from edge_llm_ros.core import default_model_path
-        from edge_llm_ros.core.device_plan import default_plan_path
+        from edge_llm_ros.core.engine.models import default_model_path
+        from edge_llm_ros.core.planning.device_plan import default_plan_path
 
         self.params = params = declare(self, PlannerParams)
         model, plan_file = params.model, params.plan_file
@@ -99,8 +99,8 @@ class PlannerNode(rt.Node):
     def device_measurements(self):
         """(Measurements, threads) of the saved plan, calibrating first where `calibrate` says; (None, 0)
         when there is none to use (calibrate never)."""
-        from edge_llm_ros.core.device_plan import PlanError, load_plan
-        from edge_llm_ros.core.planner import load_measurements
+        from edge_llm_ros.core.planning.device_plan import PlanError, load_plan
+        from edge_llm_ros.core.planning.planner import load_measurements
 
         log = self.get_logger()
         why = "calibrate is always"
@@ -125,9 +125,9 @@ class PlannerNode(rt.Node):
 
     def calibrated(self):
         """Measure this device (FAST), save the plan; (threads, Measurements)."""
-        from edge_llm_ros.core.device_plan import save_plan
-        from edge_llm_ros.core.device_profile import FAST, calibrate
-        from edge_llm_ros.core.planner import Measurements
+        from edge_llm_ros.core.planning.device_plan import save_plan
+        from edge_llm_ros.core.planning.device_profile import FAST, calibrate
+        from edge_llm_ros.core.planning.planner import Measurements
 
         log = self.get_logger()
         record = calibrate(self.model, self.params.threads or None, self.params.allow_llama_cpp, FAST, log.info)
@@ -143,7 +143,7 @@ class PlannerNode(rt.Node):
         return measurements if self.params.allow_llama_cpp else measurements.without("llama.cpp")
 
     def publish_device_plan(self) -> None:
-        from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
+        from edge_llm_ros.core.planning.planner import DeploymentRequest, plan_deployment
 
         best = plan_deployment(self.measurements, DeploymentRequest())
         self.device_plan = best.choice
@@ -162,7 +162,7 @@ class PlannerNode(rt.Node):
     # -- services --------------------------------------------------------------------------------
 
     def on_plan(self, request, response):
-        from edge_llm_ros.core.planner import DeploymentRequest, plan_deployment
+        from edge_llm_ros.core.planning.planner import DeploymentRequest, plan_deployment
 
         if request.deployment == "pipeline":
             return self.on_pipeline_plan(request, response)
@@ -185,8 +185,8 @@ class PlannerNode(rt.Node):
         return response
 
     def on_pipeline_plan(self, request, response):
-        from edge_llm_ros.core.partition import PartitionError
-        from edge_llm_ros.core.pipeline_plan import GHIDORAH, AcceptanceCurve, PlanRequest, plan_pipeline
+        from edge_llm_ros.core.planning.partition import PartitionError
+        from edge_llm_ros.core.planning.pipeline_plan import GHIDORAH, AcceptanceCurve, PlanRequest, plan_pipeline
 
         try:
             devices, model = self.pipeline_inputs()
@@ -211,8 +211,13 @@ class PlannerNode(rt.Node):
         """(Devices, ModelShape) of pipeline plans: the `devices` file (or this machine's two cores, their
         profile measured at first use and saved next to plan_file) and the target's shape; kept."""
         if self.pipeline is None:
-            from edge_llm_ros.core.models import weights_folder
-            from edge_llm_ros.core.pipeline_plan import default_devices, model_shape, read_devices, saved_profile
+            from edge_llm_ros.core.engine.models import weights_folder
+            from edge_llm_ros.core.planning.pipeline_plan import (
+                default_devices,
+                model_shape,
+                read_devices,
+                saved_profile,
+            )
 
             folder, say = weights_folder(self.model), self.get_logger().info
             path = self.plan_path.with_name("layer_profile.json")
@@ -223,7 +228,7 @@ class PlannerNode(rt.Node):
         return self.pipeline
 
     def on_profile(self, request, response):
-        from edge_llm_ros.core.device_profile import PREFIX, load_subjects, profile
+        from edge_llm_ros.core.planning.device_profile import PREFIX, load_subjects, profile
 
         planned, draft_backend = self.planned_backends()
         backend = request.backend or planned

@@ -16,7 +16,7 @@ The `backend` and `mode` parameters, when set, win over every plan. A plan this 
 (an edge-cloud mode, an unknown backend or mode, a bad shape) is refused with the reason and the
 running one stays.
 
-Concurrency (core/batching.py): `ar` on llama.cpp is continuous batching: every running request
+Concurrency (core/engine/batching.py): `ar` on llama.cpp is continuous batching: every running request
 is one llama.cpp sequence, all of them in one `llama_decode` per step, each request keeping its
 own sampling settings, seed, stop strings and token limit, and its greedy output token for token
 equal to its solo output. Other modes run the engine per request (interleaved on torch; one at a
@@ -66,7 +66,7 @@ class Serving:
         return self.server.kind == "batched"
 
     def describe(self) -> str:
-        from edge_llm_ros.core.device_plan import shape_text
+        from edge_llm_ros.core.planning.device_plan import shape_text
 
         shape = shape_text(self.mode, self.shape.get("gamma", 0), None)
         how = {"batched": f"continuous batching, up to {self.server.max_requests} requests per llama_decode",
@@ -162,9 +162,9 @@ class ServeNode(ManagedNode):
 
     def initial_choice(self) -> tuple[str, str, dict, str | None, str]:
         """(backend, mode, shape, draft spec, why) from the parameters and the saved device plan."""
-        from edge_llm_ros.core.device_plan import PlanError, default_plan_path, load_plan
-        from edge_llm_ros.core.llama_backend import llama_cpp_available
-        from edge_llm_ros.core.models import default_model_path
+        from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
+        from edge_llm_ros.core.engine.models import default_model_path
+        from edge_llm_ros.core.planning.device_plan import PlanError, default_plan_path, load_plan
 
         plan, skipped = None, []
         try:
@@ -199,13 +199,13 @@ class ServeNode(ManagedNode):
 
     def start(self, backend: str, mode: str, shape: dict, draft: str | None, why: str) -> Serving:
         """Load the models for (backend, mode) and start their server; ValueError if it cannot."""
-        from edge_llm_ros.core.batching import BatchServer, EngineServer, LlamaBatch
-        from edge_llm_ros.core.loading import LoadError, load_models, set_threads
+        from edge_llm_ros.core.drafts.loading import LoadError, load_models, set_threads
+        from edge_llm_ros.core.engine.batching import BatchServer, EngineServer, LlamaBatch
 
         threads = set_threads(self.params.threads or None)
         try:
             if backend == "llama.cpp" and mode == "ar":
-                from edge_llm_ros.core.llama_backend import llama_cpp_available
+                from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
 
                 if not llama_cpp_available():
                     raise ValueError("backend llama.cpp needs llama-cpp-python (make install builds it)")
@@ -277,7 +277,7 @@ class ServeNode(ManagedNode):
 
     def config_for(self, serving: Serving, goal=None):
         """The GenerationConfig for a goal (None: an instruction) on ``serving``; ValueError if it is bad."""
-        from edge_llm_ros.core import preset
+        from edge_llm_ros.core.engine.config import preset
 
         mode = (goal.mode if goal is not None else "") or serving.mode
         if mode not in SERVABLE_MODES:
@@ -293,7 +293,7 @@ class ServeNode(ManagedNode):
         return preset(mode, **{"max_new_tokens": self.params.max_new_tokens, **shape, **overrides})
 
     def prompt_ids(self, text: str) -> list[int]:
-        from edge_llm_ros.core import chat_prompt, encode
+        from edge_llm_ros.core.engine.models import chat_prompt, encode
 
         if not text.strip():
             raise ValueError("prompt is empty")
@@ -324,7 +324,7 @@ class ServeNode(ManagedNode):
     def run_goal(self, goal_handle):
         """Feedback is published by the server's step thread between decodes (relay); this thread
         only watches for a cancel and for the client, every CANCEL_POLL_S and client_check_s."""
-        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
 
         Result, Feedback = self.Generate.Result, self.Generate.Feedback
         decoder, text = None, []
@@ -378,7 +378,7 @@ class ServeNode(ManagedNode):
     def on_instruction(self, msg) -> None:
         """A TokenChunk per step on response (published by the server's step thread), then a last one
         with done and finish_reason (and the text a split character held back)."""
-        from edge_llm_ros.core.detokenize import IncrementalDecoder
+        from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
 
         rid = uuid.uuid4().hex[:12]
         if not self.slots.acquire(blocking=False):
@@ -416,7 +416,7 @@ class ServeNode(ManagedNode):
 
     def stats_msg(self, streams: list, request_id: str = ""):
         """InferenceStats of one request or, several, of their aggregate (request_id '')."""
-        from edge_llm_ros.core import mean_tau
+        from edge_llm_ros.core.engine.config import mean_tau
 
         done = [s for s in streams if s is not None]
         tokens = sum(len(s.tokens) for s in done)
@@ -451,8 +451,8 @@ class ServeNode(ManagedNode):
 
 def plan_of(msg):
     """The DevicePlan a Plan message describes; PlanError (a ValueError) saying what is wrong."""
-    from edge_llm_ros.core.device_plan import TREE_MODES, candidate, parse_plan, plan_record
-    from edge_llm_ros.core.drafters import TreeSpec
+    from edge_llm_ros.core.engine.drafters import TreeSpec
+    from edge_llm_ros.core.planning.device_plan import TREE_MODES, candidate, parse_plan, plan_record
 
     tree = (TreeSpec(depth=int(msg.tree_depth), branch=int(msg.tree_branch), expand=int(msg.tree_expand),
                      width=int(msg.tree_width)) if msg.mode in TREE_MODES else None)

@@ -1,14 +1,14 @@
 """sim_node: the 2D simulator for the Go2 navigator (issue 15): a world, a kinematic Go2, its camera.
 
 The world is `world` (a YAML file, or the name of one in config/worlds/, e.g. `default`) or, with
-`world: seeded` (or `''`), the one core.nav.worldgen draws from `seed`. The robot (core.nav.world.Robot) follows
+`world: seeded` (or `''`), the one nav.worldgen draws from `seed`. The robot (nav.world.Robot) follows
 the latest `/cmd_vel` (geometry_msgs/Twist: linear.x forward, angular.z to the left, clamped to
 `max_speed_mps`, `max_turn_rps`), integrated `physics_hz` times a second; a command older than
 `cmd_timeout_s` stops it. A motion into a wall or an object stops before the contact, and the first
 contact of each streak is logged ("collision: touched orange chair at (6.02, 1.31)").
 
 Publishes:
-- `/camera/image_raw` (sensor_msgs/Image, rgb8, frame `camera`) at `rate_hz`: core.nav.camera's
+- `/camera/image_raw` (sensor_msgs/Image, rgb8, frame `camera`) at `rate_hz`: nav.camera's
   pinhole render of what the robot sees;
 - `/odom` (nav_msgs/Odometry, odom -> base_link) every physics step: the odom frame is the world
   frame (odometry is perfect here); the twist is the command being followed (linear 0 while a
@@ -17,7 +17,7 @@ Publishes:
   installed (a ROS 2 without it gets a log line instead; the embedded backend always has it);
 - `~/markers` (visualization_msgs/MarkerArray, transient local) for rviz: walls, boxes and objects
   in `odom`, the robot in `base_link`; at start and after each reset;
-- `~/world` (std_msgs/String, transient local): the world as YAML (core.nav.world.World.to_dict),
+- `~/world` (std_msgs/String, transient local): the world as YAML (nav.world.World.to_dict),
   for tools that need the map (the expert, the nav bench).
 
 Subscribes `~/reset` (std_msgs/Int32): a seed >= 0 draws that world, a negative number reloads
@@ -38,9 +38,9 @@ from pathlib import Path
 import yaml
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.core.nav.camera import Camera
-from edge_llm_ros.core.nav.world import ROBOT_RADIUS, Robot, World, WorldError
-from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+from edge_llm_ros.nav.camera import Camera
+from edge_llm_ros.nav.world import ROBOT_RADIUS, Robot, World, WorldError
+from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.parameters import declare, param
 from edge_llm_ros.runtime.interfaces import interface_dirs

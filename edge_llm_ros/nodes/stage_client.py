@@ -60,8 +60,8 @@ class StageClient:
         the end every request is released (unless ``release_own`` is false: another request forks it
         next), and so are the ids in ``release`` (a request they forked from: its cache is needed
         until their forks are applied, which the stages do in order)."""
-        from edge_llm_ros.core.pipeline import Output
-        from edge_llm_ros.core.stages import StageMessage, WireError
+        from edge_llm_ros.core.pipeline.schedulers import Output
+        from edge_llm_ros.nodes.wire import StageMessage, WireError
 
         inbox: queue.Queue = queue.Queue()
         index = {s.request_id: i for i, s in enumerate(schedulers)}
@@ -97,7 +97,7 @@ class StageClient:
 
     def act(self, actions) -> None:
         """Prunes first (rows sent after them wait for them at each stage), then the rows."""
-        from edge_llm_ros.core.stages import StageMessage
+        from edge_llm_ros.nodes.wire import StageMessage
 
         for prune in actions.prunes:
             self.prune_pub.publish(stamp(self.node, self.PruneInfo(

@@ -21,7 +21,7 @@ request's cache, a new request beyond `max_requests` (busy), a stage that is not
 node logs it and goes on serving.
 
 Lifecycle (nodes/managed.py): configure checks the layer range against the model before any
-weights are read, then loads only this stage's tensors (core.stages.load_stage_model) and starts
+weights are read, then loads only this stage's tensors (core.engine.partial.load_stage_model) and starts
 the worker; deactivate refuses new rows with an error starting "inactive:"; cleanup frees the
 weights and caches. With `autostart` (the default) it goes to active by itself.
 
@@ -109,7 +109,7 @@ class StageParams(ManagedParams):
                              f"{self.cpus!r}") from None
         ranges = layer_ranges(self.layers)
         if len(ranges) > 1:
-            from edge_llm_ros.core.partition import check_ranges
+            from edge_llm_ros.core.planning.partition import check_ranges
 
             if self.count not in (0, len(ranges)):
                 raise ValueError(f"parameter 'count' is {self.count}, but layers gives {len(ranges)} stages "
@@ -136,7 +136,7 @@ class StageParams(ManagedParams):
 
     def own(self, num_layers: int) -> range:
         """This stage's layers in a model of ``num_layers``; ValueError saying why they do not fit."""
-        from edge_llm_ros.core.partition import check_ranges
+        from edge_llm_ros.core.planning.partition import check_ranges
 
         ranges = layer_ranges(self.layers) or [range(num_layers)]
         if len(ranges) > 1:
@@ -178,9 +178,10 @@ class StageNode(ManagedNode):
     def load(self) -> str:
         from transformers import AutoConfig
 
-        from edge_llm_ros.core.loading import set_threads
-        from edge_llm_ros.core.models import weights_folder
-        from edge_llm_ros.core.stages import Stage, load_stage_model
+        from edge_llm_ros.core.drafts.loading import set_threads
+        from edge_llm_ros.core.engine.models import weights_folder
+        from edge_llm_ros.core.engine.partial import load_stage_model
+        from edge_llm_ros.core.pipeline.stages import Stage
 
         p = self.params
         folder = weights_folder(p.model or None)
@@ -194,7 +195,7 @@ class StageNode(ManagedNode):
             pin_process(cores)
         tokenizer = None
         if p.nav_adapter:  # the adapter checks it is this target's; the last stage's grammar spells its tokens
-            from edge_llm_ros.core.models import load_tokenizer
+            from edge_llm_ros.core.engine.models import load_tokenizer
 
             tokenizer = load_tokenizer(p.model or None)
         model = load_stage_model(folder, layers, first=first, last=last, tokenizer=tokenizer)
@@ -212,8 +213,8 @@ class StageNode(ManagedNode):
                 + (f"; tasks: {', '.join(self.stage.tasks)}" if self.stage.tasks else ""))
 
     def tasks(self, model) -> dict:
-        """The tasks served besides plain text: nav with `nav_adapter` (core/nav/navigator.nav_stage_task)."""
-        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_stage_task
+        """The tasks served besides plain text: nav with `nav_adapter` (nav/navigator.nav_stage_task)."""
+        from edge_llm_ros.nav.navigator import NAV_TASK, nav_stage_task
 
         p = self.params
         adapter = nav_adapter_param(p.nav_adapter, model)
@@ -246,7 +247,7 @@ class StageNode(ManagedNode):
     def on_prune(self, msg) -> None:
         """Apply a prune or a release now, between two runs (rows still queued are pruned as they
         are dequeued). In every configured state: it only frees cache."""
-        from edge_llm_ros.core.stages import Prune, StageError
+        from edge_llm_ros.core.pipeline.stages import Prune, StageError
 
         stage = self.stage
         if stage is None:
@@ -319,7 +320,7 @@ class StageNode(ManagedNode):
     def serve(self, msg) -> bool:
         """Run one HiddenStates message's rows and publish what comes out, or answer why not (under the
         lock). False: the prune sent before them is not here yet; they wait."""
-        from edge_llm_ros.core.stages import StageError
+        from edge_llm_ros.core.pipeline.stages import StageError
 
         try:
             rows = self.rows_of(msg)
@@ -347,7 +348,7 @@ class StageNode(ManagedNode):
 
     def rows_of(self, msg):
         """The message's rows (token ids into the first stage); WireError naming the field at fault."""
-        from edge_llm_ros.core.stages import StageMessage, WireError
+        from edge_llm_ros.nodes.wire import StageMessage, WireError
 
         message = StageMessage.from_msg(msg)
         if message.stage != self.params.index:
@@ -366,9 +367,8 @@ class StageNode(ManagedNode):
         """The rows' output on the next stage's topic: hidden states, or the last stage's argmax/logits."""
         import torch
 
-        from edge_llm_ros.core.stages import StageMessage
-
-        from edge_llm_ros.core.pipeline import greedy_choices
+        from edge_llm_ros.core.pipeline.schedulers import greedy_choices
+        from edge_llm_ros.nodes.wire import StageMessage
 
         p = self.params
         probs: list[float] = []

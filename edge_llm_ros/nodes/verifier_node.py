@@ -22,9 +22,9 @@ robot; verified if the previous round committed its `assumed_ids`, dropped silen
 
 Navigation (`nav_adapter` set): the verifier also serves task "nav", a navigator_node's decisions
 over edge-cloud: the target with the navigation adapter's LoRA merged, conditioned per request on
-the image features its round 0 carries, and constrained to the action grammar (core/nav).
+the image features its round 0 carries, and constrained to the action grammar (nav).
 `nav_vlm` (a local Qwen2-VL / Qwen2.5-VL checkpoint) makes that checkpoint the target instead,
-conditioned on the resized frame round 0 carries (core/nav/qwen_vl.py; the robot's navigator
+conditioned on the resized frame round 0 carries (nav/qwen_vl.py; the robot's navigator
 holds its draft, `vlm_draft`); its early exits are `exits` if given, else none.
 
 `~/profile` (srv/Profile) measures the target here, now: milliseconds per row count over a cached
@@ -83,7 +83,7 @@ class VerifierParams(QwenFrameParams):
 
 class VerifierNode(ManagedNode):
     def __init__(self) -> None:
-        from edge_llm_ros.core import OutcomeSendQueue
+        from edge_llm_ros.core.edge_cloud import OutcomeSendQueue
 
         super().__init__("verifier_node", VerifierParams)
         self.verifier = self.inbox = self.verify_worker = None  # while configured
@@ -104,15 +104,17 @@ class VerifierNode(ManagedNode):
     def load(self) -> str:
         import torch
 
-        from edge_llm_ros.core import DraftInbox, EarlyExitVerifier, load_exits, load_model
-        from edge_llm_ros.core.decoding import eos_ids
+        from edge_llm_ros.core.drafts.exits import load_exits
+        from edge_llm_ros.core.edge_cloud import DraftInbox, EarlyExitVerifier
+        from edge_llm_ros.core.engine.decoding import eos_ids
+        from edge_llm_ros.core.engine.models import load_model
 
         p = self.params
         if p.threads:
             torch.set_num_threads(p.threads)
         if p.nav_vlm:  # a Qwen VLM is the target, serving task nav; its exits only if trained for it
-            from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
-            from edge_llm_ros.core.nav.qwen_vl import QwenVL
+            from edge_llm_ros.nav.navigator import NAV_TASK, nav_task
+            from edge_llm_ros.nav.qwen_vl import QwenVL
 
             vlm, target, _ = QwenVL.load(p.nav_vlm, size=p.qwen_size)
             exits = load_exits(target, p.exits) if p.exits else None
@@ -137,7 +139,7 @@ class VerifierNode(ManagedNode):
 
     def tasks(self, target) -> dict:
         """The tasks served besides plain text: nav with `nav_adapter` (checked against the target)."""
-        from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_exits, nav_task
+        from edge_llm_ros.nav.navigator import NAV_TASK, nav_exits, nav_task
 
         adapter = nav_adapter_param(self.params.nav_adapter, target)
         return {} if adapter is None else {NAV_TASK: nav_task(adapter, target, exits=nav_exits(adapter, target))}
@@ -165,7 +167,7 @@ class VerifierNode(ManagedNode):
     def on_draft(self, msg) -> None:
         """Queue a message (checked by the worker); refuse it at once if the node is not active, or
         as busy if its lane is full."""
-        from edge_llm_ros.core import VerifyOutcome
+        from edge_llm_ros.core.edge_cloud import VerifyOutcome
 
         if refusal := self.refusal():
             self.rejected += 1
@@ -241,7 +243,7 @@ class VerifierNode(ManagedNode):
             self.get_logger().warning(line + note)
 
     def refuse_busy(self, msg, lane: str) -> None:
-        from edge_llm_ros.core import VerifyOutcome
+        from edge_llm_ros.core.edge_cloud import VerifyOutcome
 
         self.refused_busy += 1
         self.log_rejection(f"busy: the queue of {lane} is full; draft {msg.request_id[:64]!r} refused",
@@ -251,8 +253,13 @@ class VerifierNode(ManagedNode):
 
     def verify(self, msg) -> None:
         """One DraftTree message, or a DraftRequest the verifier made itself (cloud decoding)."""
-        from edge_llm_ros.core import SpeculationMissed, VerifyOutcome
-        from edge_llm_ros.core.edge_cloud import DraftError, DraftRequest, RequestLimitError
+        from edge_llm_ros.core.edge_cloud import (
+            DraftError,
+            DraftRequest,
+            RequestLimitError,
+            SpeculationMissed,
+            VerifyOutcome,
+        )
 
         if isinstance(msg, DraftRequest) and not self.verifier.active(msg.request_id):
             return  # a cloud request released (or expired) meanwhile
@@ -283,7 +290,7 @@ class VerifierNode(ManagedNode):
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}"))
 
     def profile(self, counts: list[int], prefix: int, repeats: int, measured) -> None:
-        from edge_llm_ros.core.device_profile import row_costs
+        from edge_llm_ros.core.planning.device_profile import row_costs
 
         try:
             measured.set_result(row_costs(self.verifier.target, counts, repeats, prefix=prefix))

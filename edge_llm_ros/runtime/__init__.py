@@ -30,7 +30,7 @@ import importlib.util
 import os
 from typing import Any
 
-from .interfaces import InterfaceError, normalize_name
+from edge_llm_ros.runtime.interfaces import InterfaceError, normalize_name
 
 
 def _choose_backend() -> tuple[str, str]:
@@ -56,9 +56,19 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
     from rclpy.qos import QoSProfile
     from rclpy.task import Future
 
-    from .link import rclpy_shaped as shaped
-    from .ros import (ActionClient, ActionServer, LifecycleNode, LifecycleState, Node, ParameterError,
-                      TransitionCallbackReturn, init, shutdown, spin)
+    from edge_llm_ros.runtime.link import rclpy_shaped as shaped
+    from edge_llm_ros.runtime.ros import (
+        ActionClient,
+        ActionServer,
+        LifecycleNode,
+        LifecycleState,
+        Node,
+        ParameterError,
+        TransitionCallbackReturn,
+        init,
+        shutdown,
+        spin,
+    )
 
     ok, spin_once, spin_until_future_complete = rclpy.ok, rclpy.spin_once, rclpy.spin_until_future_complete
     ServiceTimeoutError = TimeoutError
@@ -84,8 +94,8 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
         return _import_type(name, "action")
 
 else:
-    from .actions import ActionClient, ActionServer, CancelResponse, GoalResponse
-    from .embedded import (
+    from edge_llm_ros.runtime.actions import ActionClient, ActionServer, CancelResponse, GoalResponse
+    from edge_llm_ros.runtime.embedded import (
         ActionClass,
         Future,
         Node,
@@ -101,8 +111,8 @@ else:
         spin_once,
         spin_until_future_complete,
     )
-    from .interfaces import registry
-    from .lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+    from edge_llm_ros.runtime.interfaces import registry
+    from edge_llm_ros.runtime.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
     def message(name: str) -> Any:
         """The class of a message type, e.g. message('std_msgs/msg/String')."""

@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import graph
-from .embedded import ActionClass, Clock, Future, Node, ServiceTimeoutError, type_name_of
-from .interfaces import registry
+from edge_llm_ros.runtime import graph
+from edge_llm_ros.runtime.embedded import ActionClass, Clock, Future, Node, ServiceTimeoutError, type_name_of
+from edge_llm_ros.runtime.interfaces import registry
 
 # action_msgs/msg/GoalStatus
 STATUS_UNKNOWN, STATUS_ACCEPTED, STATUS_EXECUTING, STATUS_CANCELING = 0, 1, 2, 3

@@ -30,9 +30,15 @@ from typing import Any, Callable
 import yaml
 from rosbags.typesys.base import Nodetype
 
-from .echo_format import (TRUNCATE_LENGTH, Shown, message_to_csv, message_to_plain, message_to_yaml,
-                          rclpy_value)
-from .interfaces import InterfaceError, registry
+from edge_llm_ros.runtime.echo_format import (
+    TRUNCATE_LENGTH,
+    Shown,
+    message_to_csv,
+    message_to_plain,
+    message_to_yaml,
+    rclpy_value,
+)
+from edge_llm_ros.runtime.interfaces import InterfaceError, registry
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -71,7 +77,7 @@ class Session:
     """A short-lived CLI node plus a thread that runs its callbacks."""
 
     def __init__(self) -> None:
-        from . import embedded
+        from edge_llm_ros.runtime import embedded
 
         self.rt = embedded
         embedded.init(args=[], install_signal_handlers=False)
@@ -158,9 +164,9 @@ def cmd_topic_echo(args: argparse.Namespace, s: Session) -> int:
             stop.set()
 
     def on_msg(msg: Any) -> None:
-        desc = (Nodetype.NAME, ros_type)
-        for name, desc in steps:
+        for name, _ in steps:
             msg = getattr(msg, name)
+        desc = steps[-1][1] if steps else (Nodetype.NAME, ros_type)
         if desc[0] != Nodetype.NAME:  # a field that is no message: printed as Python prints rclpy's value
             show(rclpy_value(desc, msg), "{}\n---\n".format)
         elif args.csv:
@@ -334,7 +340,7 @@ def cmd_lifecycle_set(args: argparse.Namespace, s: Session) -> int:
     labels = {t.transition.label: t.transition.id for t in response.available_transitions}
     wanted = labels.get(args.transition) or (int(args.transition) if args.transition.isdigit() else None)
     if wanted not in labels.values():
-        raise CliError(f"Unknown transition requested, available ones are: "
+        raise CliError("Unknown transition requested, available ones are: "
                        + ", ".join(f"{label} [{tid}]" for label, tid in labels.items()), EXIT_FAIL)
     result = _lifecycle_call(s, args.node, "change_state", "ChangeState", {"transition": {"id": wanted}},
                              args.transition_timeout)
@@ -356,7 +362,7 @@ def cmd_action_list(args: argparse.Namespace, s: Session) -> int:
 
 
 def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
-    from .actions import STATUS_NAMES, STATUS_SUCCEEDED, ActionClient
+    from edge_llm_ros.runtime.actions import STATUS_NAMES, STATUS_SUCCEEDED, ActionClient
 
     spec = registry().action(args.type)
     goal = registry().from_dict(spec.goal, parse_values(args.values, spec.goal))
@@ -427,14 +433,14 @@ def cmd_interface_show(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- bag
 def cmd_bag_info(args: argparse.Namespace) -> int:
-    from . import bag
+    from edge_llm_ros.runtime import bag
 
     print(bag.format_info(bag.info(args.path)))
     return EXIT_OK
 
 
 def cmd_bag_record(args: argparse.Namespace, s: Session) -> int:
-    from . import bag
+    from edge_llm_ros.runtime import bag
 
     if not args.all and not args.topics:
         raise CliError("name topics to record, or pass --all")
@@ -484,7 +490,7 @@ def _drain(arrived: queue.SimpleQueue, recorder: Any, wait: float) -> None:
 
 
 def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
-    from . import bag
+    from edge_llm_ros.runtime import bag
 
     reader = bag.BagReader(args.path)
     bag.require_topics(reader, dict(required_topic(text) for text in args.require or ()))
@@ -655,12 +661,12 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
-        from .launcher import main as launch_main
+        from edge_llm_ros.runtime.launcher import main as launch_main
 
         return launch_main(argv[1:])
     args = build_parser().parse_args(argv)
-    from .bag import BagError
-    from .params import ParamsError
+    from edge_llm_ros.runtime.bag import BagError
+    from edge_llm_ros.runtime.params import ParamsError
 
     session = None
     try:

@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 from rosbags.typesys.base import Nodetype
 
-from .interfaces import registry
+from edge_llm_ros.runtime.interfaces import registry
 
 TRUNCATE_LENGTH = 128  # ros2 topic echo's default --truncate-length
 EMPTY_MEMBER = "structure_needs_at_least_one_member"  # rosidl's placeholder in an empty message; rclpy hides it

@@ -43,11 +43,11 @@ from typing import Any, Callable
 import zenoh
 import zenoh.ext
 
-from . import graph
-from .interfaces import InterfaceError, registry
-from .link import Link, NodeLinks, parse_link_params
-from .params import ParamsError, RosArgs, parse_ros_args, resolve_name
-from .throttle import flood_note
+from edge_llm_ros.runtime import graph
+from edge_llm_ros.runtime.interfaces import InterfaceError, registry
+from edge_llm_ros.runtime.link import Link, NodeLinks, parse_link_params
+from edge_llm_ros.runtime.params import ParamsError, RosArgs, parse_ros_args, resolve_name
+from edge_llm_ros.runtime.throttle import flood_note
 
 ROUTER_WAIT_S = float(os.environ.get("EDGE_LLM_ROUTER_WAIT_S", "10"))
 GRAPH_QUERY_FLOOR_S = 2.0  # the least a graph query waits for the router (it returns at the answer)
@@ -195,7 +195,9 @@ class Context:
         self.argv = list(sys.argv if args is None else args)
         self.ros_args: RosArgs = parse_ros_args(self.argv)
         self.domain_id = int(os.environ.get("ROS_DOMAIN_ID", "0")) if domain_id is None else domain_id
-        from .router import router_endpoint  # late: `python -m ...router` must not import itself first
+        from edge_llm_ros.runtime.router import (
+            router_endpoint,  # late: `python -m ...router` must not import itself first
+        )
 
         endpoint = router_endpoint()
         self.session = zenoh.open(_session_config(endpoint))

@@ -39,7 +39,15 @@ from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.base import Nodetype
 
 # InterfaceError is defined beside the value checks that raise it; the runtime imports it from here.
-from .values import NUMPY_DTYPES, InterfaceError, as_array, misfit, yaml_array, yaml_field, yaml_list
+from edge_llm_ros.runtime.values import (
+    NUMPY_DTYPES,
+    InterfaceError,
+    as_array,
+    misfit,
+    yaml_array,
+    yaml_field,
+    yaml_list,
+)
 
 PACKAGE = "edge_llm_ros"
 # Interface packages kept in this repository beside this one (interfaces/<name>/msg), for robots whose

@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-from .embedded import Node
-from .interfaces import registry
+from edge_llm_ros.runtime.embedded import Node
+from edge_llm_ros.runtime.interfaces import registry
 
 UNCONFIGURED, INACTIVE, ACTIVE, FINALIZED = 1, 2, 3, 4
 CONFIGURING, CLEANINGUP, SHUTTINGDOWN, ACTIVATING, DEACTIVATING, ERRORPROCESSING = 10, 11, 12, 13, 14, 15

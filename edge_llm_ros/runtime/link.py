@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .params import ParamsError
+from edge_llm_ros.runtime.params import ParamsError
 
 PARAM_PREFIX = "link_emulation"
 LINK_KEYS = ("topics", "latency_ms", "bandwidth_mbps", "burst_bytes")

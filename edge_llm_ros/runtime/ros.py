@@ -33,8 +33,6 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Callable
 
-from unique_identifier_msgs.msg import UUID
-
 import rclpy
 from rclpy.action import ActionClient as _RclpyActionClient
 from rclpy.action import ActionServer as _RclpyActionServer
@@ -45,6 +43,7 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from rclpy.node import Node as _RclpyNode
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
+from unique_identifier_msgs.msg import UUID
 
 EXECUTOR_THREADS = 4  # for callbacks, which never wait for long here; each running goal has a thread more
 FEEDBACK_DEPTH = 100  # feedback history an action server keeps for slow readers (rclpy's default: 10)

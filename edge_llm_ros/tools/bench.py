@@ -38,13 +38,20 @@ from typing import Any, TextIO
 
 import torch
 
-from edge_llm_ros.core import MODES, GenerationConfig, GenerationStats, chat_prompt, generate, preset
-from edge_llm_ros.core.decoding import eos_ids
-from edge_llm_ros.core.loading import LoadError, NamedDrafter, build_drafter, check_draft_spec, load_target, set_threads
-
-from .generate import Parser, one_line
-from .loading import HFAssist, ToolError, add_shape_arguments, hf_assist_for, shape_overrides
-from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
+from edge_llm_ros.core.drafts.loading import (
+    LoadError,
+    NamedDrafter,
+    build_drafter,
+    check_draft_spec,
+    load_target,
+    set_threads,
+)
+from edge_llm_ros.core.engine.config import MODES, GenerationConfig, GenerationStats, preset
+from edge_llm_ros.core.engine.decoding import eos_ids, generate
+from edge_llm_ros.core.engine.models import chat_prompt
+from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.loading import HFAssist, ToolError, add_shape_arguments, hf_assist_for, shape_overrides
+from edge_llm_ros.tools.prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
 HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
@@ -541,8 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_llama_rows(model: str | None, err: TextIO) -> LlamaCpp | None:
     """The llama.cpp rows for a GGUF target (None, with a note on stderr, when they cannot run)."""
-    from edge_llm_ros.core.llama_backend import llama_cpp_available, load_llama_cpp
-    from edge_llm_ros.core.models import _model_path
+    from edge_llm_ros.core.engine.llama_backend import llama_cpp_available, load_llama_cpp
+    from edge_llm_ros.core.engine.models import _model_path
 
     path = _model_path(model)
     if path.suffix != ".gguf":

@@ -52,14 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from edge_llm_ros.core.llama_backend import llama_cpp_available
-from edge_llm_ros.core.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
-
-from .bench import LOSSLESS_MARK, fmt_value
-from .deployment import Deployment, EventLog, ask_profile, bench_main, local_router, report_paths
-from .generate import Parser
-from .loading import ToolError
-from .prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
+from edge_llm_ros.core.drafts.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
+from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
+from edge_llm_ros.tools.bench import LOSSLESS_MARK, fmt_value
+from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile, bench_main, local_router, report_paths
+from edge_llm_ros.tools.generate import Parser
+from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
 RTTS_MS = (10.0, 50.0, 120.0)
 BANDWIDTHS_MBPS = (20.0, 100.0)
@@ -178,7 +177,7 @@ def summarize(goals: list[Goal], gamma: int) -> dict:
 
 def appendix_b(modes: dict, gamma: int) -> dict | None:
     """EE Appendix B: speedup of fsd over sd = (γc+1)/(rγc+1), c = T_p/T_q from sd, r from fsd."""
-    from edge_llm_ros.core import projected_speedup
+    from edge_llm_ros.core.edge_cloud import projected_speedup
 
     sd, fsd = modes.get("sd"), modes.get("fsd") or modes.get("ee")
     if not sd or not fsd or not sd.get("verify_ms_per_round") or fsd.get("cache_miss_rate") is None:
@@ -295,7 +294,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                             goals = run_goals(client, deployment, prompts, modes if i == 0 else later_modes,
                                               max_new_tokens, bar)
                             if simulate and server_s is None:  # the server measures itself where it runs
-                                from .edge_cloud_sim import SERVER_CACHED, SERVER_ROWS
+                                from edge_llm_ros.tools.edge_cloud_sim import SERVER_CACHED, SERVER_ROWS
 
                                 server_s = ask_profile(client.node, "/edge_llm/verifier_node/profile", SERVER_ROWS,
                                                        SERVER_CACHED)
@@ -313,11 +312,10 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                     runs.append(run)
             simulated = None
             if simulate and backends[0] == "torch":  # the simulator times the torch draft only
-                from edge_llm_ros.core import chat_prompt
+                from edge_llm_ros.core.engine.models import chat_prompt
+                from edge_llm_ros.tools.edge_cloud_sim import calibrate, load_nodes_models, simulate_report
 
-                from .edge_cloud_sim import calibrate, load_nodes_models, simulate_report
-
-                print("simulating the runs (core/edge_cloud/sim.py, costs measured here)...", file=sys.stderr, flush=True)
+                print("simulating the runs (core/sim/edge_cloud.py, costs measured here)...", file=sys.stderr, flush=True)
                 target, exits, drafters = load_nodes_models()
                 ids = [chat_prompt(target.tokenizer, p.text) for p in prompts]
                 model = calibrate(target, exits, drafters, ids[:1], gamma, max_new_tokens, server_s=server_s)
@@ -422,7 +420,7 @@ def format_table(report: dict) -> str:
                          f"{fmt_value(ratio['draft_ms_per_token'], '.2f'):>7}"
                          + "".join(f"{fmt_value(ratio['ms_per_token'].get(m), '.2f'):>13}" for m in drafting))
     if report.get("simulated"):
-        from .edge_cloud_sim import format_lines
+        from edge_llm_ros.tools.edge_cloud_sim import format_lines
 
         lines += format_lines(report["simulated"])
     return "\n".join(lines)
@@ -527,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", action="store_true",
                    help="each node on a core of its own, with taskset (default: the nodes share every core)")
     p.add_argument("--simulate", action="store_true",
-                   help="also simulate every run (core/edge_cloud/sim.py with costs measured here; error against "
+                   help="also simulate every run (core/sim/edge_cloud.py with costs measured here; error against "
                         "the measured tokens/s) and project EE's regime (Table 5's times); about a minute more")
     return p
 

@@ -5,11 +5,11 @@ deployment of the VLM and per schedule (overlapped with motion, or stop-and-go).
     edge-llm-ros bench --scenario nav --seeds 100-102 --deployments robot-ar,cloud-ar --rtt 50
     edge-llm-ros bench --scenario nav --policy expert --decide-s 0.3  # the teacher, decisions of 0.3 s
 
-Each episode runs in simulated time (core/nav/episode.py: the bridge's motion executor, the
+Each episode runs in simulated time (nav/episode.py: the bridge's motion executor, the
 kinematic Go2, the navigator's overlap schedule and its carrying over by odometry), and each
 decision is real: SmolLM2 + the shipped navigation adapter on the frame the camera renders at the
 pose the robot was at, constrained greedy, timed where it runs. On the robot, one Navigator; over
-edge-cloud (core/nav/deployment.py: cloud-ar, edge-cloud-sd, -fsd, -ee) the robot's half and the
+edge-cloud (nav/deployment.py: cloud-ar, edge-cloud-sd, -fsd, -ee) the robot's half and the
 server's (an EarlyExitVerifier serving the nav task with the shipped exits) each on their own
 threads, every message over an emulated link each way (runtime/link.py: --rtt / 2 and
 --bandwidth; label "emulated link"), in this process on this machine's two cores. Every deployment
@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from .deployment import bench_main, report_paths
-from .generate import Parser
-from .loading import ToolError
-from .train_nav import seed_range
+from edge_llm_ros.tools.deployment import bench_main, report_paths
+from edge_llm_ros.tools.generate import Parser
+from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.train_nav import seed_range
 
 INSTRUCTION = "go to the red chair"
 DEFAULT_SEEDS, QUICK_SEEDS = "100-109", "100"
@@ -65,7 +65,7 @@ class Setup:
 
 
 class Computed(NamedTuple):
-    command: object  # core/nav/actions.NavCommand
+    command: object  # nav/actions.NavCommand
     valid: bool
     seconds: float  # the decision as the deployment takes it (measured; the expert's: modelled)
     rounds: int
@@ -97,12 +97,12 @@ class Decisions:
         return known[name]
 
     def compute(self, world, pose, name: str) -> Computed:
-        from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+        from edge_llm_ros.nav.deployment import DEPLOYMENTS
 
         setup = self.setup
         if setup.policy == "expert":
-            from edge_llm_ros.core.nav.deployment import Link
-            from edge_llm_ros.core.nav.expert import camera_expert
+            from edge_llm_ros.nav.deployment import Link
+            from edge_llm_ros.nav.expert import camera_expert
 
             frame_bytes = self.camera.width * self.camera.height * 3
             seconds = DEPLOYMENTS[name].modelled_s(setup.decide_s, 1, frame_bytes, Link(setup.rtt_s, setup.bandwidth_bps))
@@ -121,14 +121,16 @@ class Models:
     def __init__(self, deployments: list[str], setup: Setup, threads: int | None) -> None:
         import numpy as np
 
-        from edge_llm_ros.core import GenerationConfig, load_exits, load_model
-        from edge_llm_ros.core.decoding import eos_ids
-        from edge_llm_ros.core.draft_models import load_draft
-        from edge_llm_ros.core.drafters import ModelDrafter
+        from edge_llm_ros.core.drafts.draft_models import load_draft
+        from edge_llm_ros.core.drafts.exits import load_exits
+        from edge_llm_ros.core.drafts.loading import set_threads
         from edge_llm_ros.core.edge_cloud import EarlyExitDrafter, EarlyExitVerifier
-        from edge_llm_ros.core.loading import set_threads
-        from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
-        from edge_llm_ros.core.nav.navigator import (
+        from edge_llm_ros.core.engine.config import GenerationConfig
+        from edge_llm_ros.core.engine.decoding import eos_ids
+        from edge_llm_ros.core.engine.drafters import ModelDrafter
+        from edge_llm_ros.core.engine.models import load_model
+        from edge_llm_ros.nav.deployment import DEPLOYMENTS
+        from edge_llm_ros.nav.navigator import (
             MAX_ANSWER_TOKENS,
             NAV_TASK,
             EdgeCloudNavigator,
@@ -137,10 +139,9 @@ class Models:
             nav_exits,
             nav_task,
         )
-        from edge_llm_ros.core.nav.vlm import NavAdapter
+        from edge_llm_ros.nav.vlm import NavAdapter
         from edge_llm_ros.runtime.link import Link, LinkSpec
-
-        from .edge_cloud_sim import EXIT_LAYERS
+        from edge_llm_ros.tools.edge_cloud_sim import EXIT_LAYERS
 
         set_threads(threads)
         target = load_model()
@@ -182,8 +183,8 @@ class Models:
 def calibrate(decisions: Decisions, setup: Setup) -> dict[str, float]:
     """Predicted seconds per decision of each deployment: the mean over CALIBRATION_FRAMES frames of
     the first world (the start, turned by a quarter turn each), each deployment timed on each."""
-    from edge_llm_ros.core.nav.world import Pose
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.world import Pose
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     seed = setup.seeds[0]
     world = generate(seed, GenerateConfig(clear_path=True))
@@ -194,14 +195,14 @@ def calibrate(decisions: Decisions, setup: Setup) -> dict[str, float]:
 
 def ee_regime(models: Models, camera, worlds: dict) -> dict:
     """The first decision of every world (its start pose) in each edge mode, in simulated time with
-    EE's own Go2 deployment's seconds (core/nav/deployment.ee_go2_costs; core/edge_cloud/sim.py runs
+    EE's own Go2 deployment's seconds (nav/deployment.ee_go2_costs; core/sim/edge_cloud.py runs
     the real draft, verifier, grammar, early outcomes and pre-drafts): the decision's seconds per
     mode, and cloud AR's over each speculative mode's. Simulated, not measured."""
     from dataclasses import asdict
 
-    from edge_llm_ros.core.edge_cloud.sim import simulate_edge_cloud
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, ee_go2_costs
-    from edge_llm_ros.core.nav.navigator import EdgeCloudNavigator
+    from edge_llm_ros.core.sim.edge_cloud import simulate_edge_cloud
+    from edge_llm_ros.nav.deployment import DEPLOYMENTS, ee_go2_costs
+    from edge_llm_ros.nav.navigator import EdgeCloudNavigator
 
     costs, inputs = ee_go2_costs(len(models.verifier.target.layer_ids))
     navigators = {name: n for name, n in models.navigators.items() if isinstance(n, EdgeCloudNavigator)}
@@ -234,10 +235,10 @@ def ee_regime(models: Models, camera, worlds: dict) -> dict:
 def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS, plan
-    from edge_llm_ros.core.nav.episode import EpisodeConfig, Timed, run_episode
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.deployment import DEPLOYMENTS, plan
+    from edge_llm_ros.nav.episode import EpisodeConfig, Timed, run_episode
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     camera = Camera()
     models = Models(setup.deployments, setup, threads) if setup.policy == "vlm" else None
@@ -254,7 +255,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
                 for schedule in setup.schedules:
                     episodes, timings = {}, []
                     for seed, world in worlds.items():
-                        def decide(pose, seed=seed, world=world):
+                        def decide(pose, seed=seed, world=world, name=name, timings=timings):
                             computed = decisions.get(seed, world, pose, name)
                             timings.append(computed.seconds)
                             return Timed(computed.command, computed.seconds, computed.valid)
@@ -297,7 +298,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
 
 def summarize(name: str, deployment, schedule: str, episodes: dict, timings: list[float], planned: bool,
               worlds: dict) -> dict:
-    from edge_llm_ros.core.nav.world import body_gap
+    from edge_llm_ros.nav.world import body_gap
 
     values = list(episodes.values())
     ok = [e for e in values if e.success]
@@ -417,7 +418,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+    from edge_llm_ros.nav.deployment import DEPLOYMENTS
 
     p = Parser(prog="edge-llm-ros bench --scenario nav",
                description="Go2 navigation episodes per VLM deployment, overlapped vs stop-and-go (simulated time, "
@@ -443,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_setup(args) -> Setup:
-    from edge_llm_ros.core.nav.deployment import DEPLOYMENTS
+    from edge_llm_ros.nav.deployment import DEPLOYMENTS
 
     def subset(text: str, known, flag: str) -> list[str]:
         items = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))

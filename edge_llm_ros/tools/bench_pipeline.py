@@ -14,7 +14,7 @@ first token, ALT and ALR (draft_node's figures), and lossless: the tokens equal 
 output. A 512-token prompt measures time to first token with the whole prompt in one message and
 with Jupiter's pipelined prefill (chunks of the size plan_sequence gives, back to back).
 
-Simulated: core.pipesim.simulate runs the same schedulers on in-process stages with the costs
+Simulated: core.sim.pipeline.simulate runs the same schedulers on in-process stages with the costs
 measured here: per-layer and head seconds (LayerProfile, one thread), D0's seconds per draft and
 per draft forward (draft_node's own CPU seconds drafting in the deployments), the link, D0
 sharing the first stage's core, and the runtime's cost per message, measured on loopback (a
@@ -22,8 +22,8 @@ deployment with the links off: its ar lap minus the profile's compute, per hop).
 mode is compared with the measured one: within 15% or flagged.
 
 Projected: the same simulation on 4 and 8 stages with Jetson-class costs derived from the papers'
-tables (core.pipesim.jetson_costs: every input cited in the report) and FlowSpec's own tree setting
-for every method (core.pipeline.PAPER_SHAPE: 80-node trees in segments of 16, 64-node expansions);
+tables (core.planning.costs.jetson_costs: every input cited in the report) and FlowSpec's own tree setting
+for every method (core.pipeline.schedulers.PAPER_SHAPE: 80-node trees in segments of 16, 64-node expansions);
 the tokens and acceptance are still SmolLM2's (its target and shipped draft run in the simulator).
 """
 
@@ -35,19 +35,39 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import stage_hop
-from .deployment import EventLog, bench_main, local_router, report_paths
-from .generate import Parser
-from .loading import ToolError
-from .pipeline_deployment import (SEGMENT, STAGE_PROFILE_CACHED, STAGE_PROFILE_ROWS, TTFT_REPEATS, Client,
-                                  LinkSetting, Measured, node_cores, run_deployment)
-from .pipeline_report import (LABEL, MODES, ORACLE, PROJECTED_STAGES, SHIPPED, format_table, measured_row, plot,
-                              pooled, report_of, simulated_row)
-from .prompts import BENCH_PROMPTS, BenchPrompt
+from edge_llm_ros.tools import stage_hop
+from edge_llm_ros.tools.deployment import EventLog, bench_main, local_router, report_paths
+from edge_llm_ros.tools.generate import Parser
+from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.pipeline_deployment import (
+    SEGMENT,
+    STAGE_PROFILE_CACHED,
+    STAGE_PROFILE_ROWS,
+    TTFT_REPEATS,
+    Client,
+    LinkSetting,
+    Measured,
+    Setup,
+    node_cores,
+    run_deployment,
+)
+from edge_llm_ros.tools.pipeline_report import (
+    LABEL,
+    MODES,
+    ORACLE,
+    PROJECTED_STAGES,
+    SHIPPED,
+    format_table,
+    measured_row,
+    plot,
+    pooled,
+    report_of,
+    simulated_row,
+)
+from edge_llm_ros.tools.prompts import BENCH_PROMPTS, BenchPrompt
 
 LINKS = ((100.0, 5.0), (1000.0, 1.0))  # (Mbit/s, one-way ms) per hop
 PROMPTS, QUICK_PROMPTS = 3, 1
@@ -55,7 +75,6 @@ MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 32
 PROJECTED_PROMPTS = 2
 LONG_PROMPT_TOKENS = 512
 HOP_MESSAGES = 200  # messages per row count when timing a stage hop
-WIRE_BYTES = 4  # hidden states cross as float32 (config/stages.yaml wire_dtype)
 PROFILE_ROWS = (1, 4, 8, 16, 24, 32, 64, 128, 256, 512)
 PROFILE_CACHED = (0, 256, 1024)
 
@@ -63,44 +82,9 @@ PROFILE_CACHED = (0, 256, 1024)
 # -- this process: the model, its costs, the plans ------------------------------------------------------
 
 
-@dataclass
-class Setup:
-    """What the bench knows before anything launches: the model, its measured costs and the plans."""
-
-    target: object
-    folder: Path  # the target's weights, for the in-process stages
-    drafter: object
-    profile: object  # core.pipesim.LayerProfile
-    ranges: list[range]
-    prompts: list[BenchPrompt]
-    prompt_ids: list[list[int]]
-    references: list[list[int]]  # the engine's ar tokens per prompt
-    long_text: str
-    long_ids: list[int]
-    long_reference: int  # the engine's first token after the long prompt
-    draft_s: float = 0.0  # per draft forward on D0
-    draft_call_s: float = 0.0  # per draft
-    eos: tuple[int, ...] = ()
-    # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
-    # profile gives for its layers, by rows: how much faster or slower the pinned stage process runs (None: 1)
-    stage_factors: list | None = None  # a core.pipesim.RowScale per stage
-    # how many times longer a stage's message takes while the other stage computes too (two vCPUs of one
-    # host share it): their profiles measured together over each alone (None: 1)
-    contention: float | None = None
-    stages: dict = field(default_factory=dict)  # ranges -> in-process stages (each simulation releases its request)
-
-    @property
-    def layers(self) -> str:
-        return ",".join(f"{r.start}-{r.stop - 1}" for r in self.ranges)
-
-    @property
-    def row_bytes(self) -> int:
-        return self.target.config.hidden_size * WIRE_BYTES
-
-
 def long_prompt(tokenizer, tokens: int) -> str:
     """A prompt of about ``tokens`` tokens once the chat template is applied: a paragraph repeated."""
-    from edge_llm_ros.core import chat_prompt
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     unit, ask = " ".join(p.text for p in BENCH_PROMPTS), " Summarize the above in one line."
     text = unit
@@ -115,7 +99,7 @@ def long_prompt(tokenizer, tokens: int) -> str:
 def plan_split(profile, num_layers: int, rows: int) -> list[range]:
     """Jupiter Eq. 1 over two identical cores, each layer costing what the profile measured for
     ``rows`` rows, the head on the last stage."""
-    from edge_llm_ros.core.partition import ModelCost, StageDevice, plan_layers
+    from edge_llm_ros.core.planning.partition import ModelCost, StageDevice, plan_layers
 
     layer = float(profile.q()([rows], [0])[0])
     devices = [StageDevice(f"core {i}", [layer] * num_layers, 1 << 62, head_s=profile.head(rows) if i else 0.0)
@@ -140,7 +124,7 @@ def stage_cost(profile, ranges: list[range]):
 def prefill_chunk(setup: Setup, link: LinkSetting) -> tuple[int, object]:
     """Jupiter Eq. 2-4 for the long prompt on these stages and link (a stage's time includes its hop):
     (the chunk size the nodes take, ceil(prompt / k), and the plan)."""
-    from edge_llm_ros.core.partition import plan_sequence
+    from edge_llm_ros.core.planning.partition import plan_sequence
 
     q, hop = stage_cost(setup.profile, setup.ranges), link.link()
 
@@ -154,12 +138,12 @@ def prefill_chunk(setup: Setup, link: LinkSetting) -> tuple[int, object]:
 def prepare(prompts: list[BenchPrompt], max_new_tokens: int, progress) -> Setup:
     """Load SmolLM2 and its draft, measure the profile (one thread), plan the split, time the draft,
     compute the engine's reference tokens."""
-    from edge_llm_ros.core import chat_prompt, generate_all, preset
-    from edge_llm_ros.core.decoding import eos_ids
-    from edge_llm_ros.core.draft_models import load_drafter
-    from edge_llm_ros.core.loading import set_threads
-    from edge_llm_ros.core.models import load_model, weights_folder
-    from edge_llm_ros.core.pipesim import DraftCost, LayerProfile, TimedDrafter
+    from edge_llm_ros.core.drafts.draft_models import load_drafter
+    from edge_llm_ros.core.drafts.loading import set_threads
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.engine.decoding import eos_ids, generate_all
+    from edge_llm_ros.core.engine.models import chat_prompt, load_model, weights_folder
+    from edge_llm_ros.core.planning.costs import DraftCost, LayerProfile, TimedDrafter
 
     set_threads(1)
     progress.set_postfix_str("profile")
@@ -187,7 +171,7 @@ def prepare(prompts: list[BenchPrompt], max_new_tokens: int, progress) -> Setup:
 def remeasure(setup: Setup) -> float:
     """Measure the profile again (after the deployments) and keep the mean of both measurements; the
     drift between them (after / before - 1, the median over the grid): how steady this machine was."""
-    from edge_llm_ros.core.pipesim import LayerProfile
+    from edge_llm_ros.core.planning.costs import LayerProfile
 
     before = setup.profile
     after = LayerProfile.measure(setup.target, rows=PROFILE_ROWS, cached=PROFILE_CACHED, repeats=5)
@@ -199,14 +183,15 @@ def remeasure(setup: Setup) -> float:
 
 
 def free_costs():
-    from edge_llm_ros.core.pipesim import CostModel
+    from edge_llm_ros.core.planning.costs import CostModel
 
     return CostModel(stage_s=lambda stage, rows, cached: 0.0)
 
 
 def stages_of(setup: Setup, ranges: list[range]) -> list:
     """In-process stages over ``ranges``, loaded once."""
-    from edge_llm_ros.core.stages import Stage, load_stage_model
+    from edge_llm_ros.core.engine.partial import load_stage_model
+    from edge_llm_ros.core.pipeline.stages import Stage
 
     key = tuple((r.start, r.stop) for r in ranges)
     if key not in setup.stages:
@@ -220,8 +205,9 @@ def simulate_one(setup: Setup, mode: str, prompt: list[int], max_new_tokens: int
                  drafter=None, chunk: int = 0, shape=None):
     """One request of ``mode`` through in-process stages (``ranges``: the measured split) under ``costs``;
     ``shape``: the trees (default: the deployments', draft_node's)."""
-    from edge_llm_ros.core.pipesim import CountingDrafter, simulate
-    from edge_llm_ros.core.pipeline import make_scheduler
+    from edge_llm_ros.core.pipeline.schedulers import make_scheduler
+    from edge_llm_ros.core.planning.costs import CountingDrafter
+    from edge_llm_ros.core.sim.pipeline import simulate
 
     ranges = ranges or setup.ranges
     scheduler = make_scheduler(mode, f"sim-{mode}", prompt, CountingDrafter(drafter or setup.drafter),
@@ -233,7 +219,7 @@ def simulate_one(setup: Setup, mode: str, prompt: list[int], max_new_tokens: int
 
 def measured_costs(setup: Setup, link: LinkSetting | None, message_s: float, d0_shares: int | None):
     """The cost model of this machine: the profile, D0's draft costs, the link, the runtime's per-message cost."""
-    from edge_llm_ros.core.pipesim import CostModel, Link
+    from edge_llm_ros.core.planning.costs import CostModel, Link
 
     base = setup.profile.stage_s(setup.ranges)
     factors = setup.stage_factors or [lambda rows: 1.0] * len(setup.ranges)
@@ -280,7 +266,7 @@ def calibrate(setup: Setup, loopback: Measured, d0_shares: int | None) -> dict:
     layers, by rows; set on ``setup``), how much the two cores slow each other, then the runtime's
     cost per message: the loopback ar lap measured, minus the simulated one without it, over the
     hops of a lap (D0 -> stages -> D0)."""
-    from edge_llm_ros.core.pipesim import RowScale
+    from edge_llm_ros.core.planning.costs import RowScale
 
     stage_s = setup.profile.stage_s(setup.ranges)
     setup.stage_factors = [RowScale.of(STAGE_PROFILE_ROWS, seconds,
@@ -314,7 +300,7 @@ def draft_calibration(setup: Setup, runs: list[Measured]) -> dict:
     for each request of a drafting mode (with the forwards and drafts it ran), fitted the way the
     simulator takes it and set on ``setup``; the fit over drafts timed in this process beforehand
     stays in the report beside it."""
-    from edge_llm_ros.core.pipesim import DraftCost
+    from edge_llm_ros.core.planning.costs import DraftCost
 
     in_process = {"draft_s_per_forward": setup.draft_s, "draft_s_per_draft": setup.draft_call_s}
     entries = [g.drafts for m in runs for goals in m.goals.values() for g in goals if g.drafts and g.drafts[0]]
@@ -365,9 +351,9 @@ def projected_rows(setup: Setup, paper, modes: list[str], max_new_tokens: int, p
     every method alike); SmolLM2's tokens and acceptance. ``oracle``: the drafting modes again with a
     draft that is always right (the target drafting for itself, at the same draft cost): what the
     schedules make of the pipeline once acceptance is no limit."""
-    from edge_llm_ros.core.drafters import ModelDrafter
-    from edge_llm_ros.core.pipeline import PAPER_SHAPE
-    from edge_llm_ros.core.pipesim import even_ranges
+    from edge_llm_ros.core.engine.drafters import ModelDrafter
+    from edge_llm_ros.core.pipeline.schedulers import PAPER_SHAPE
+    from edge_llm_ros.core.planning.costs import even_ranges
 
     drafts = [(SHIPPED, setup.drafter, modes)]
     if oracle:
@@ -394,7 +380,7 @@ def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_t
     """Prepare, measure, calibrate, simulate, project; the report."""
     from tqdm import tqdm
 
-    from edge_llm_ros.core.pipesim import jetson_costs
+    from edge_llm_ros.core.planning.costs import jetson_costs
 
     started, cores, modes = time.perf_counter(), node_cores(), list(modes)
     d0_shares = 0 if cores else None

@@ -11,7 +11,7 @@ nothing else competes for the cores while they run):
                      (``Llama.generate``, bench.py's run_llama_cpp): what a llama_ros user gets.
                      Its output per prompt is every request's solo reference.
     llama_cpp_batch  per client count N, the same requests decoded by a plain greedy loop on
-                     core.batching.LlamaBatch: N sequences at a time (one wave per round of the
+                     core.engine.batching.LlamaBatch: N sequences at a time (one wave per round of the
                      clients), their prompts prefilled together, then one decode per step with a
                      row per unfinished sequence. No node, no messages: the ceiling for the node.
     node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 backend:=llama.cpp
@@ -41,13 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
-from edge_llm_ros.core.device_profile import cpu_name
-
-from .deployment import Deployment, EventLog, bench_main, local_router, report_paths
-from .generate import Parser, one_line
-from .loading import ToolError
-from .prompts import BENCH_PROMPTS, BenchPrompt
+from edge_llm_ros.core.planning.device_profile import cpu_name
+from edge_llm_ros.tools.bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
+from edge_llm_ros.tools.deployment import Deployment, EventLog, bench_main, local_router, report_paths
+from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.prompts import BENCH_PROMPTS, BenchPrompt
 
 CLIENTS, QUICK_CLIENTS = (1, 2, 4, 8, 16), (1, 2, 4)
 REQUESTS_PER_CLIENT, QUICK_REQUESTS_PER_CLIENT = 3, 2
@@ -246,9 +245,9 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
     """The baseline and the llama_cpp_batch row of every client count (then both models are freed)."""
     from llama_cpp import Llama
 
-    from edge_llm_ros.core import chat_prompt
-    from edge_llm_ros.core.batching import LlamaBatch
-    from edge_llm_ros.core.decoding import eos_ids
+    from edge_llm_ros.core.engine.batching import LlamaBatch
+    from edge_llm_ros.core.engine.decoding import eos_ids
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     batch = LlamaBatch(model, sequences=max(client_counts), context=CONTEXT, n_threads=threads, n_batch=N_BATCH)
     llm = None
@@ -452,7 +451,7 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
             "per_request_tokens_per_s = mean over requests of tokens / (sent -> result), prefill and queueing "
             "included; ttft = sent -> first feedback carrying tokens",
             "llama_cpp_batch: the same requests, a wave per round of the clients, decoded by a plain greedy loop "
-            "on core.batching.LlamaBatch in the bench process (no node, no messages), before the pipeline starts",
+            "on core.engine.batching.LlamaBatch in the bench process (no node, no messages), before the pipeline starts",
             "exact: every request's token ids equal llama.cpp's sequential greedy output of its prompt (a trailing "
             "EOS on one side only is not counted as a difference)",
             "clients are threads of the bench process sharing one action client; the nodes and the bench share "
@@ -574,8 +573,8 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
     if threads < 1:
         raise ToolError(f"--threads must be >= 1, got {threads}")
     json_path, png, log = report_paths(args)
-    from edge_llm_ros.core.llama_backend import llama_cpp_available
-    from edge_llm_ros.core.models import _model_path
+    from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
+    from edge_llm_ros.core.engine.models import _model_path
 
     if not llama_cpp_available():
         raise ToolError("the serving bench needs llama-cpp-python (make install builds it)")

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .loading import ToolError
+from edge_llm_ros.tools.loading import ToolError
 
 
 @contextmanager
@@ -227,7 +227,7 @@ def bench_main(argv, out, err, run, format_table, plot, failures, verdict: str =
     ``failures(report)`` on ``err``, and exit 0 when ``report[verdict]`` holds, else 1."""
     import sys
 
-    from edge_llm_ros.core.loading import one_line
+    from edge_llm_ros.core.drafts.loading import one_line
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err

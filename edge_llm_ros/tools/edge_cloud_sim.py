@@ -5,10 +5,10 @@ Costs, measured in this process before simulating, and the server's speed as the
 measured itself; none is fitted to the deployments' rows:
 
 * the target's seconds per decoder layer and per head, by rows and cached rows
-  (pipesim.LayerProfile, one thread, as verifier_node runs);
+  (core.planning.costs.LayerProfile, one thread, as verifier_node runs);
 * the verifier's own seconds per round beyond its layers and heads: its verify() timed over sd
   rounds in this process, minus what the profile gives for them (the median);
-* the draft's seconds per draft forward (pipesim.DraftCost over timed drafts);
+* the draft's seconds per draft forward (core.planning.costs.DraftCost over timed drafts);
 * the runtime's cost per message: a one-row message's hop on loopback (tools.stage_hop, p50);
 * the deployed server's speed: verifier_node's own `profile` (a whole forward of the target over
   SERVER_ROWS rows after SERVER_CACHED cached, measured in the node during the first deployment;
@@ -36,7 +36,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from edge_llm_ros.core.pipesim import Cited, RowScale
+from edge_llm_ros.core.planning.costs import Cited, RowScale
 
 TOLERANCE = 0.15  # the issue's: simulated tokens/s within 15% of the measured, every mode
 PROFILE_ROWS = (1, 2, 4, 5, 8, 16, 32, 64)
@@ -53,8 +53,8 @@ class Calibrated:
 
     verifier: object  # EarlyExitVerifier
     robot: object  # EarlyExitDrafter
-    profile: object  # pipesim.LayerProfile
-    draft: object  # pipesim.DraftCost
+    profile: object  # core.planning.costs.LayerProfile
+    draft: object  # core.planning.costs.DraftCost
     round_s: float
     message_s: float
     server: RowScale  # the deployed verifier's whole forward over the per-layer sum, by rows
@@ -62,8 +62,8 @@ class Calibrated:
     server_from: str
 
     def costs(self, rtt_ms: float, bandwidth_mbps: float, cores: int | None):
-        from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
-        from edge_llm_ros.core.pipesim import Link
+        from edge_llm_ros.core.planning.costs import Link
+        from edge_llm_ros.core.sim.edge_cloud import EdgeCloudCosts
 
         link = Link(rtt_ms / 2e3, bandwidth_mbps * 1e6)
         return EdgeCloudCosts.measured(self.profile, self.draft, link, link, round_s=self.round_s,
@@ -83,10 +83,10 @@ class Calibrated:
 def load_nodes_models():
     """What verifier_node and draft_node load by default: (target, its shipped exits, the shipped
     draft once per drafter), one torch thread."""
-    from edge_llm_ros.core.draft_models import load_drafter
-    from edge_llm_ros.core.exits import load_exits
-    from edge_llm_ros.core.loading import set_threads
-    from edge_llm_ros.core.models import load_model
+    from edge_llm_ros.core.drafts.draft_models import load_drafter
+    from edge_llm_ros.core.drafts.exits import load_exits
+    from edge_llm_ros.core.drafts.loading import set_threads
+    from edge_llm_ros.core.engine.models import load_model
 
     set_threads(1)
     target = load_model()
@@ -100,13 +100,13 @@ def calibrate(target, exits, drafters, prompts: list[list[int]], gamma: int, max
     fsd requests of ``prompts``; ``server_s``: verifier_node's own seconds for SERVER_ROWS over
     SERVER_CACHED (None: a whole forward timed here instead); needs a zenoh router (the message's
     cost is measured through it)."""
-    from edge_llm_ros.core import EDGE_MODES, EarlyExitDrafter, EarlyExitVerifier, preset
-    from edge_llm_ros.core.decoding import eos_ids
-    from edge_llm_ros.core.device_profile import row_costs
-    from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts, simulate_edge_cloud
-    from edge_llm_ros.core.pipesim import DraftCost, LayerProfile, TimedDrafter
-
-    from . import stage_hop
+    from edge_llm_ros.core.edge_cloud import EDGE_MODES, EarlyExitDrafter, EarlyExitVerifier
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.engine.decoding import eos_ids
+    from edge_llm_ros.core.planning.costs import DraftCost, LayerProfile, TimedDrafter
+    from edge_llm_ros.core.planning.device_profile import row_costs
+    from edge_llm_ros.core.sim.edge_cloud import EdgeCloudCosts, simulate_edge_cloud
+    from edge_llm_ros.tools import stage_hop
 
     verifier = EarlyExitVerifier(target, exits, layers=list(exit_layers), eos_ids=eos_ids(target))
     timed = [TimedDrafter(d) for d in drafters]
@@ -153,8 +153,9 @@ def simulate_mode(model: Calibrated, mode: str, prompts: list[list[int]], gamma:
                   costs) -> dict:
     """One mode over the prompts: ms per token as the bench counts it (goal start to last token, over
     every token), τ, misses, and the timelines' tokens per prompt."""
-    from edge_llm_ros.core import EDGE_MODES, preset
-    from edge_llm_ros.core.edge_cloud.sim import simulate_edge_cloud
+    from edge_llm_ros.core.edge_cloud import EDGE_MODES
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.sim.edge_cloud import simulate_edge_cloud
 
     kind, early_exits, send_ahead = EDGE_MODES[mode]
     timelines = [simulate_edge_cloud(model.verifier, model.robot, ids,
@@ -204,8 +205,8 @@ def ee_regime_costs(model: Calibrated):
     takes T_q whatever its few rows (a GPU keeps its time flat over small widths, Ghidorah §III-C2),
     shared by SmolLM2's layers and the head as Vicuna-7B's weigh (the head: vocab x hidden = 0.648 of
     a layer's parameters; an exit's head as much); a draft forward T_p; T_c one way; every input cited."""
-    from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts
-    from edge_llm_ros.core.pipesim import Link
+    from edge_llm_ros.core.planning.costs import Link
+    from edge_llm_ros.core.sim.edge_cloud import EdgeCloudCosts
 
     t_p, t_q, t_c, bandwidth = 0.334 / 4, 0.497, 0.095, 100e6
     hidden, inter, vocab = 4096, 11008, 32000
@@ -251,7 +252,7 @@ def simulate_report(model: Calibrated, runs: list[dict], modes: list[str], promp
 def format_lines(simulated: dict) -> list[str]:
     """The simulated rows under the bench's table."""
     c = simulated["costs"]
-    lines = [f"simulated (core/edge_cloud/sim.py; costs measured here: layer {c['layer_ms_1_row']:.2f} ms, head "
+    lines = [f"simulated (core/sim/edge_cloud.py; costs measured here: layer {c['layer_ms_1_row']:.2f} ms, head "
              f"{c['head_ms_1_row']:.2f} ms at 1 row, verifier {c['verifier_round_ms']:.1f} ms a round, draft "
              f"{c['draft_ms_per_forward']:.1f} ms a forward, {c['message_ms']:.2f} ms a message; a whole forward "
              f"over the layers' sum: " + RowScale(tuple(c["server_rows"]), tuple(c["server_factors"])).describe()

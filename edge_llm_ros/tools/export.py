@@ -5,7 +5,7 @@
     edge-llm-ros export draft --draft drafts/k4 --model SmolLM2.Q8_0.gguf --out k4.gguf
 
 The draft's layers and norm, with the target GGUF's token embedding (tied head) and tokenizer
-(core's :func:`~edge_llm_ros.core.gguf_export.export_draft_gguf`). ``--vocab subset`` (the default)
+(core's :func:`~edge_llm_ros.core.drafts.gguf.export_draft_gguf`). ``--vocab subset`` (the default)
 writes a head over the draft's vocabulary subset only (cheaper per token); that file reads its
 input embeddings from the target GGUF it was exported for, at that path. ``--vocab full`` writes a
 self-contained file scoring the whole vocabulary. Without ``--out`` the export
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from edge_llm_ros.core.gguf_export import (
+from edge_llm_ros.core.drafts.gguf import (
     DEFAULT_LAYER_TYPE,
     DEFAULT_VOCAB,
     LAYER_TYPES,
@@ -29,10 +29,9 @@ from edge_llm_ros.core.gguf_export import (
     default_draft_gguf,
     export_draft_gguf,
 )
-from edge_llm_ros.core.models import MODEL_CACHE_ENV, model_cache_root
-
-from .generate import Parser, one_line
-from .loading import ToolError
+from edge_llm_ros.core.engine.models import MODEL_CACHE_ENV, model_cache_root
+from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.loading import ToolError
 
 
 def build_parser() -> argparse.ArgumentParser:

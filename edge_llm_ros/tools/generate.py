@@ -30,19 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from edge_llm_ros.core import (
-    MODES,
-    GenerationConfig,
-    GenerationStats,
-    chat_prompt,
-    default_model_path,
-    encode,
-    generate,
-    preset,
-)
-from edge_llm_ros.core.device_plan import BACKENDS, DevicePlan, PlanError, default_plan_path, load_plan
-from edge_llm_ros.core.detokenize import IncrementalDecoder
-from edge_llm_ros.core.loading import (
+from edge_llm_ros.core.drafts.loading import (
     LLAMA_CPP,
     LoadError,
     NamedDrafter,
@@ -51,8 +39,12 @@ from edge_llm_ros.core.loading import (
     one_line,
     set_threads,
 )
-
-from .loading import ToolError, add_shape_arguments, shape_overrides
+from edge_llm_ros.core.engine.config import MODES, GenerationConfig, GenerationStats, preset
+from edge_llm_ros.core.engine.decoding import generate
+from edge_llm_ros.core.engine.detokenize import IncrementalDecoder
+from edge_llm_ros.core.engine.models import chat_prompt, default_model_path, encode
+from edge_llm_ros.core.planning.device_plan import BACKENDS, DevicePlan, PlanError, default_plan_path, load_plan
+from edge_llm_ros.tools.loading import ToolError, add_shape_arguments, shape_overrides
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 DEFAULT_MODE = GenerationConfig.mode  # core's default (every mode is lossless; pick one with --mode)
@@ -259,7 +251,7 @@ def choose_backend(args: argparse.Namespace, plan: DevicePlan | None) -> str:
     backend = args.backend or (plan.backend if plan is not None else DEFAULT_BACKEND)
     if backend == "torch":
         return backend
-    from edge_llm_ros.core.llama_backend import llama_cpp_available
+    from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
 
     by = "--backend llama.cpp" if args.backend else f"the plan {home_relative(plan.path)}"
     instead = "--backend torch" if args.backend else "--backend torch or --no-plan (or measure again: plan --device)"

@@ -1,4 +1,4 @@
-"""What the command-line tools add to core's loading (:mod:`edge_llm_ros.core.loading`: targets and
+"""What the command-line tools add to core's loading (:mod:`edge_llm_ros.core.drafts.loading`: targets and
 the drafters that ``--draft SPEC`` names): the same draft inside transformers' assisted generation
 (for ``bench``), the draft-shape flags, and :class:`ToolError`. Only ``edge_llm_ros.core`` is
 imported from the package; no ROS anywhere.
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_llm_ros.core import ModelDrafter, PromptLookupDrafter, TorchCausalLM
-from edge_llm_ros.core.loading import NamedDrafter
+from edge_llm_ros.core.drafts.loading import NamedDrafter
+from edge_llm_ros.core.engine.drafters import ModelDrafter, PromptLookupDrafter
+from edge_llm_ros.core.engine.models import TorchCausalLM
 
 # transformers' prompt lookup: how many tokens it copies per round (its documented example value).
 HF_PROMPT_LOOKUP_TOKENS = 10

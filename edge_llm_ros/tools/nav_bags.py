@@ -5,7 +5,7 @@ shows plus an instruction, and the navigator's own answers to their frames.
     python -m edge_llm_ros.tools.nav_bags --out /tmp/bags
 
 Each scenario stands the robot at one pose of an evaluation world (seed 100, never trained on) for
-DURATION_S: its frames, rendered by core/nav/camera.py as sim_node renders them (128x96 rgb8: the
+DURATION_S: its frames, rendered by nav/camera.py as sim_node renders them (128x96 rgb8: the
 adapter's encoder sees 128x96, so the frames keep that size), on /camera/image_raw at FRAME_HZ
 (sim_node: 15 Hz), "go to the red chair" on /edge_llm/instruction just after the first frame, and
 an empty instruction at the end, which ends the navigator's episode. MCAP storage with
@@ -67,7 +67,7 @@ SCENARIOS = (
 
 
 def scenario_pose(world, scenario: Scenario):
-    from edge_llm_ros.core.nav.world import Pose
+    from edge_llm_ros.nav.world import Pose
 
     start = world.start
     if not scenario.facing:
@@ -127,7 +127,7 @@ def write_bag(path: Path, items: list[tuple[str, str, int, object]]) -> None:
 
 def adapter_fingerprint(folder: Path | None = None) -> dict:
     """The adapter the answers came from: its folder's name and the sha256 of its files."""
-    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, CONFIG_FILE, DEFAULT_ADAPTER, WEIGHTS_FILE
+    from edge_llm_ros.nav.vlm import ADAPTERS_DIR, CONFIG_FILE, DEFAULT_ADAPTER, WEIGHTS_FILE
 
     folder = ADAPTERS_DIR / DEFAULT_ADAPTER if folder is None else Path(folder)
     digest = hashlib.sha256()
@@ -138,9 +138,9 @@ def adapter_fingerprint(folder: Path | None = None) -> dict:
 
 def load_navigator():
     """As navigator_node.load builds it for mode ar (the lossless modes give the same answers)."""
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.nav.navigator import Navigator
-    from edge_llm_ros.core.nav.vlm import NavAdapter
+    from edge_llm_ros.core.engine.models import load_model
+    from edge_llm_ros.nav.navigator import Navigator
+    from edge_llm_ros.nav.vlm import NavAdapter
 
     target = load_model()
     return Navigator(NavAdapter.load(None, target), target)
@@ -167,8 +167,8 @@ def check_scenario(scenario: Scenario, answers: list[dict]) -> None:
 
 
 def record(out: Path) -> dict:
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     world, camera, navigator = generate(SEED, GenerateConfig(clear_path=True)), Camera(), load_navigator()
     bags = {}

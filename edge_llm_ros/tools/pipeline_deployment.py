@@ -15,14 +15,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .bench import CpuShare
-from .deployment import Deployment, EventLog, ask_profile
-from .loading import ToolError
+from edge_llm_ros.tools.bench import CpuShare
+from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile
+from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.prompts import BenchPrompt
 
-if TYPE_CHECKING:
-    from .bench_pipeline import Setup
+WIRE_BYTES = 4  # hidden states cross as float32 (config/stages.yaml wire_dtype)
+
 
 STAGE_PROFILE_ROWS, STAGE_PROFILE_CACHED = (1, 8, 24), 64  # what each stage measures of itself (a decode step's sizes)
 TTFT_REPEATS = 3
@@ -45,7 +45,7 @@ class LinkSetting:
         return f"{self.bandwidth_mbps:g} Mbit/s, {self.latency_ms:g} ms"
 
     def link(self):
-        from edge_llm_ros.core.pipesim import Link
+        from edge_llm_ros.core.planning.costs import Link
 
         return Link(self.latency_ms / 1e3, self.bandwidth_mbps * 1e6)
 
@@ -259,3 +259,38 @@ def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, m
         deployment.check_alive()
         if deployment.crashes():
             raise ToolError(f"a node died during the measurement: {deployment.crashes()}")
+
+
+@dataclass
+class Setup:
+    """What the bench knows before anything launches: the model, its measured costs and the plans."""
+
+    target: object
+    folder: Path  # the target's weights, for the in-process stages
+    drafter: object
+    profile: object  # core.planning.costs.LayerProfile
+    ranges: list[range]
+    prompts: list[BenchPrompt]
+    prompt_ids: list[list[int]]
+    references: list[list[int]]  # the engine's ar tokens per prompt
+    long_text: str
+    long_ids: list[int]
+    long_reference: int  # the engine's first token after the long prompt
+    draft_s: float = 0.0  # per draft forward on D0
+    draft_call_s: float = 0.0  # per draft
+    eos: tuple[int, ...] = ()
+    # each stage's seconds as it measured itself in the deployment (stage_node's `profile`) over what the
+    # profile gives for its layers, by rows: how much faster or slower the pinned stage process runs (None: 1)
+    stage_factors: list | None = None  # a core.planning.costs.RowScale per stage
+    # how many times longer a stage's message takes while the other stage computes too (two vCPUs of one
+    # host share it): their profiles measured together over each alone (None: 1)
+    contention: float | None = None
+    stages: dict = field(default_factory=dict)  # ranges -> in-process stages (each simulation releases its request)
+
+    @property
+    def layers(self) -> str:
+        return ",".join(f"{r.start}-{r.stop - 1}" for r in self.ranges)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.target.config.hidden_size * WIRE_BYTES

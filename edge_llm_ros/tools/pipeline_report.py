@@ -11,14 +11,10 @@ import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from . import stage_hop
-from .bench import BUSY_CORES, LOSSLESS_MARK, fmt_value
-from .pipeline_deployment import SEGMENT, Goal, LinkSetting, Measured
-
-if TYPE_CHECKING:
-    from .bench_pipeline import Setup
+from edge_llm_ros.tools import stage_hop
+from edge_llm_ros.tools.bench import BUSY_CORES, LOSSLESS_MARK, fmt_value
+from edge_llm_ros.tools.pipeline_deployment import SEGMENT, Goal, LinkSetting, Measured, Setup
 
 MODES = ("ar", "chunk_pp", "flowspec")
 PROJECTED_STAGES = (4, 8)
@@ -161,8 +157,8 @@ def anchors(rows: list[dict]) -> list[dict]:
 def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows: list[dict], prefill: list[dict],
               paper, cores, d0_shares, drift: float, calibration: dict, max_new_tokens: int,
               hop: list[dict] | None = None) -> dict:
-    from edge_llm_ros.core.device_profile import cpu_name
-    from edge_llm_ros.core.pipeline import PAPER_SHAPE
+    from edge_llm_ros.core.pipeline.schedulers import PAPER_SHAPE
+    from edge_llm_ros.core.planning.device_profile import cpu_name
 
     profile = setup.profile
     report = {
@@ -210,7 +206,7 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
             "both without the first token (FlowSpec §V-A); measured from draft_node's line per request; ar has no "
             "rounds (ALR null). chunk_pp sends each round's tree in chunks of the segment's rows (FlowSpec §V-A: one "
             "setting for every method); every chunk's answer is a turn",
-            "simulated rows: core.pipesim.simulate, the same schedulers and stages in this process; the 4 and 8 "
+            "simulated rows: core.sim.pipeline.simulate, the same schedulers and stages in this process; the 4 and 8 "
             "stage rows take their costs from the papers (projection.inputs, every number cited), FlowSpec's own "
             "tree setting for every method (projection.trees) and SmolLM2's tokens and acceptance (its target and "
             "draft ran in the simulator)",
@@ -232,7 +228,7 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
 
 
 def format_table(report: dict) -> str:
-    from edge_llm_ros.core.pipesim import RowScale
+    from edge_llm_ros.core.planning.costs import RowScale
 
     d, cm = report["deployment"], report["cost_model"]
     cores = d["cores"]

@@ -5,8 +5,8 @@
     edge-llm-ros plan --device --quick --out plan.json
     edge-llm-ros plan --pipeline [--devices config/devices.example.yaml] [--prompt-len 128] [--out plan.yaml]
 
-What it measures and how candidates are scored is core's (:mod:`edge_llm_ros.core.device_profile`,
-:mod:`edge_llm_ros.core.planner`), the same code planner_node measures and plans with: on each
+What it measures and how candidates are scored is core's (:mod:`edge_llm_ros.core.planning.device_profile`,
+:mod:`edge_llm_ros.core.planning.planner`), the same code planner_node measures and plans with: on each
 backend (torch; llama.cpp when llama-cpp-python is installed) the target's cost of n chain rows
 after a 240-token prefix (1-8, then up to 32 for the curve) and of verifying each of TREE_SHAPES;
 per drafter (the shipped draft on torch, its GGUF on llama.cpp) ms per drafted token and per tree,
@@ -15,11 +15,11 @@ and τ of ``sd`` at γ = 1..MAX_GAMMA and of ``tree`` per shape (greedy, on the 
 Each (backend, mode, shape, draft) candidate is scored by its predicted speed, ``ar``: 1 / cost(1);
 ``sd`` at γ: τ(γ) / (cost(γ + 1) + γ · draft step); ``tree`` of W nodes: τ(tree) / (tree cost(W) +
 its draft time). The fastest is chosen; where no draft shape beats ``ar``, ``ar`` is the plan. The
-file (schema: :mod:`edge_llm_ros.core.device_plan`) keeps every measurement, so a plan can be
+file (schema: :mod:`edge_llm_ros.core.planning.device_plan`) keeps every measurement, so a plan can be
 checked against ``bench`` and planner_node can plan deployments from it; ``generate`` and
 draft_node use it by default. ``--quick`` measures fewer rows, repeats and tokens (core's QUICK).
 
-``--pipeline`` (core's :mod:`~edge_llm_ros.core.pipeline_plan`, the same code planner_node's
+``--pipeline`` (core's :mod:`~edge_llm_ros.core.planning.pipeline_plan`, the same code planner_node's
 ``plan`` service runs for deployment ``pipeline``): over the devices of ``--devices`` (default:
 this machine's two cores, one thread each, available memory / 2 each, an emulated 1 Gbit/s 1 ms
 link), Jupiter's layer split, the prompt's prefill chunks, FlowSpec's segment and segments in
@@ -40,19 +40,24 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from edge_llm_ros.core import TreeSpec
-from edge_llm_ros.core.device_plan import PLAN_ENV, default_plan_path, save_plan, shape_text
-from edge_llm_ros.core.device_profile import FULL, QUICK, TREE_SHAPES, calibrate
-from edge_llm_ros.core.loading import LoadError, set_threads
-from edge_llm_ros.core.partition import PartitionError
-from edge_llm_ros.core.pipeline_plan import (
-    GHIDORAH, AcceptanceCurve, PipelinePlan, PlanRequest, default_devices, model_shape, plan_pipeline, read_devices,
+from edge_llm_ros.core.drafts.loading import LoadError, set_threads
+from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.planning.device_plan import PLAN_ENV, default_plan_path, save_plan, shape_text
+from edge_llm_ros.core.planning.device_profile import FULL, QUICK, TREE_SHAPES, calibrate
+from edge_llm_ros.core.planning.partition import PartitionError
+from edge_llm_ros.core.planning.pipeline_plan import (
+    GHIDORAH,
+    AcceptanceCurve,
+    PlanRequest,
+    default_devices,
+    model_shape,
+    plan_pipeline,
+    read_devices,
     saved_profile,
 )
-from edge_llm_ros.core.planner import DraftMeasure, TreeMeasure, choose
-
-from .generate import Parser, one_line
-from .loading import ToolError
+from edge_llm_ros.core.planning.planner import DraftMeasure, TreeMeasure, choose
+from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.loading import ToolError
 
 __all__ = ["DraftMeasure", "MAX_GAMMA", "QUICK_ROWS", "ROWS", "TREE_SHAPES", "TreeMeasure", "choose", "main",
            "measure"]
@@ -62,7 +67,7 @@ MAX_GAMMA = FULL.max_gamma
 
 
 def measure(threads: int, quick: bool, progress: TextIO) -> dict:
-    """Measure everything; the plan's JSON object (:func:`~edge_llm_ros.core.device_plan.plan_record`)."""
+    """Measure everything; the plan's JSON object (:func:`~edge_llm_ros.core.planning.device_plan.plan_record`)."""
     try:
         return calibrate(None, threads, calibration=QUICK if quick else FULL,
                          say=lambda line: print(line, file=progress, flush=True))
@@ -139,8 +144,8 @@ def profile_path() -> Path:
 
 def measured_acceptance(model: Path, err: TextIO):
     """τ of the saved device plan for ``model`` (plan --device measured it), else None."""
-    from edge_llm_ros.core.device_plan import PlanError, load_plan
-    from edge_llm_ros.core.planner import load_measurements
+    from edge_llm_ros.core.planning.device_plan import PlanError, load_plan
+    from edge_llm_ros.core.planning.planner import load_measurements
 
     path = default_plan_path()
     try:
@@ -157,8 +162,7 @@ def launch_commands(path: Path) -> list[str]:
 
 
 def plan_pipeline_command(args, out: TextIO, err: TextIO) -> int:
-    from edge_llm_ros.core import default_model_path
-    from edge_llm_ros.core.models import weights_folder
+    from edge_llm_ros.core.engine.models import default_model_path, weights_folder
 
     start = time.monotonic()
 

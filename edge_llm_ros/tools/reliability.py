@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .deployment import Deployment, EventLog, environment
-from .fuzz import TOPICS, Fuzzer
-from .generate import Parser, one_line
-from .loading import ToolError
+from edge_llm_ros.tools.deployment import Deployment, EventLog, environment
+from edge_llm_ros.tools.fuzz import TOPICS, Fuzzer
+from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.loading import ToolError
 
 NAMESPACE = "/edge_llm"
 PEERS = ("verifier_node", "draft_node")
@@ -212,7 +212,9 @@ class References:
 
     def __call__(self, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
         if (prompt, max_new_tokens) not in self._done:
-            from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all, load_model
+            from edge_llm_ros.core.engine.config import GenerationConfig
+            from edge_llm_ros.core.engine.decoding import generate_all
+            from edge_llm_ros.core.engine.models import chat_prompt, load_model
 
             if self._target is None:
                 self._target = load_model()

@@ -3,7 +3,7 @@
     python -m edge_llm_ros.tools.stage_hop [--rows 1,8,64] [--count 200] [--width 576] [--json FILE]
 
 A hop is everything between one stage's layers and the next stage's: the rows into HiddenStates
-bytes (core.stages.StageMessage, float32 as stages.yaml sends them), the publish, Zenoh over
+bytes (nodes.wire.StageMessage, float32 as stages.yaml sends them), the publish, Zenoh over
 127.0.0.1, the next process's executor, and the bytes back into rows. This process sends one
 message at a time to an echo peer (a child process that does the same conversions and sends the
 rows straight back) and counts half of each round trip as a hop: the two directions do the same
@@ -43,7 +43,7 @@ class HopStats:
 def echo_peer() -> int:
     """The far side: every HiddenStates on OUT_TOPIC back to rows, and back as a message on BACK_TOPIC."""
     from edge_llm_ros import runtime as rt
-    from edge_llm_ros.core.stages import StageMessage
+    from edge_llm_ros.nodes.wire import StageMessage
 
     rt.init()
     node = rt.Node("stage_hop_peer")
@@ -70,7 +70,8 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
     differs from what was sent, or none comes within 5 s (the peer died)."""
     import torch
 
-    from edge_llm_ros.core.stages import Rows, StageMessage
+    from edge_llm_ros.core.pipeline.stages import Rows
+    from edge_llm_ros.nodes.wire import StageMessage
     from edge_llm_ros.runtime import embedded
 
     peer = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.tools.stage_hop", "--peer"],

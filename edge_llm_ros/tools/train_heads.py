@@ -1,4 +1,4 @@
-"""``edge-llm-ros train heads``: an EAGLE-style feature head for the target (see core/heads.py).
+"""``edge-llm-ros train heads``: an EAGLE-style feature head for the target (see core/drafts/heads.py).
 
     edge-llm-ros train heads                                  # SmolLM2 -> ./drafts/smollm2-135m-instruct-heads
     edge-llm-ros train heads --epochs 6 --sampled 1 --out drafts/heads
@@ -22,7 +22,7 @@ DEFAULT_SUFFIX = "-heads"
 def add_heads_parser(sub) -> None:
     import argparse
 
-    from .train import add_shared_options
+    from edge_llm_ros.tools.train_run import add_shared_options
 
     h = sub.add_parser("heads", help="an EAGLE-style head drafting from the target's features",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -36,7 +36,7 @@ def add_heads_parser(sub) -> None:
 
 def check_heads_args(args) -> None:
     """Bad values fail before anything heavy is loaded."""
-    from .train import check_shared_args
+    from edge_llm_ros.tools.train_run import check_shared_args
 
     check_shared_args(args, {"--batch-tokens": args.batch_tokens})
     if args.init_layer is not None and args.init_layer < 0:
@@ -47,11 +47,10 @@ def train_heads_command(args) -> dict:
     """Data (cached), features (cached), train, save; returns the summary recorded in config.json."""
     from dataclasses import asdict
 
-    from edge_llm_ros.core.draft_models import save_draft
-    from edge_llm_ros.core.heads import build_heads, cached_features, evaluate_heads, train_heads
-    from edge_llm_ros.core.training import TrainConfig
-
-    from .train import heldout_speed, log, start_run, summary, training_data, vocab_subset
+    from edge_llm_ros.core.drafts.draft_models import build_heads, save_draft
+    from edge_llm_ros.core.training.distill import TrainConfig
+    from edge_llm_ros.core.training.heads import cached_features, evaluate_heads, train_heads
+    from edge_llm_ros.tools.train_run import heldout_speed, log, start_run, summary, training_data, vocab_subset
 
     run = start_run(args, "drafts", DEFAULT_SUFFIX)
     target = run.target

@@ -1,4 +1,4 @@
-"""``edge-llm-ros train nav``: the navigation adapter (core/nav/vlm.py), taught by the simulator.
+"""``edge-llm-ros train nav``: the navigation adapter (nav/vlm.py), taught by the simulator.
 
     edge-llm-ros train nav                                   # -> edge_llm_ros/data/nav/smollm2-nav
     edge-llm-ros train nav --worlds 40 --max-steps 50 --out /tmp/nav   # a quick run
@@ -78,14 +78,14 @@ def check_nav_exits_args(args) -> None:
 def train_nav_exits_command(args) -> dict:
     from tqdm import tqdm
 
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.exits import ExitTrainConfig, save_exits
-    from edge_llm_ros.core.loading import set_threads
-    from edge_llm_ros.core.nav import vlm_training as vt
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, NavAdapter
-
-    from .train import log
+    from edge_llm_ros.core.drafts.exits import save_exits
+    from edge_llm_ros.core.drafts.loading import set_threads
+    from edge_llm_ros.core.engine.models import load_model
+    from edge_llm_ros.core.training.exits import ExitTrainConfig
+    from edge_llm_ros.nav import vlm_training as vt
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, NavAdapter
+    from edge_llm_ros.tools.train_run import log
 
     set_threads(args.threads or 0)
     folder = args.adapter or ADAPTERS_DIR / DEFAULT_ADAPTER
@@ -134,16 +134,14 @@ def train_nav_command(args) -> dict:
     import torch
     from tqdm import tqdm
 
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.draft_models import load_draft
-    from edge_llm_ros.core.loading import set_threads
-    from edge_llm_ros.core.nav import vlm_training as vt
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.navigator import Navigator
-    from edge_llm_ros.core.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, AdapterConfig, NavAdapter, lora_shapes
-    from edge_llm_ros.core.training import target_identity
-
-    from .train import default_work_dir, log
+    from edge_llm_ros.core.drafts.draft_models import load_draft
+    from edge_llm_ros.core.drafts.loading import set_threads
+    from edge_llm_ros.core.engine.models import load_model, target_identity
+    from edge_llm_ros.nav import vlm_training as vt
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.navigator import Navigator
+    from edge_llm_ros.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, AdapterConfig, NavAdapter, lora_shapes
+    from edge_llm_ros.tools.train_run import default_work_dir, log
 
     set_threads(args.threads or 0)
     work = args.work or default_work_dir("smollm2-nav")

@@ -3,11 +3,11 @@ loaded once per session."""
 
 import pytest
 import torch
-
 from toy import PROMPTS, tiny_target
 
-from edge_llm_ros.core import ModelDrafter, load_model, tiny_llama
-from edge_llm_ros.core.training import generate_responses
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import load_model, tiny_llama
+from edge_llm_ros.core.training.distill import generate_responses
 
 # One intra-op thread: the tiny models' kernels are microseconds long, and on the shared
 # 2-core machine a second OpenMP thread made even SmolLM2 steps slower and erratic.

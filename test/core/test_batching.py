@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm_ros.core import chat_prompt, generate_all, preset
-from edge_llm_ros.core.batching import BatchServer, BusyError, EngineServer, LlamaBatch, ServerClosedError
-from edge_llm_ros.core.llama_backend import load_llama_cpp
-from edge_llm_ros.core.models import load_tokenizer
+from edge_llm_ros.core.engine.batching import BatchServer, BusyError, EngineServer, LlamaBatch, ServerClosedError
+from edge_llm_ros.core.engine.config import preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.llama_backend import load_llama_cpp
+from edge_llm_ros.core.engine.models import chat_prompt, load_tokenizer
 
 PROMPTS = ("Describe how a robot should explore a new house.", "Write a short poem about the sea.",
            "Explain how a robot vacuum cleaner maps a room.", "Give three tips for charging a battery safely.",

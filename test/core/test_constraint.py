@@ -1,17 +1,18 @@
-"""Constrained decoding (core/constraint.py) with the navigator's action grammar: tiny random models
+"""Constrained decoding (core/engine/constraint.py) with the navigator's action grammar: tiny random models
 on SmolLM2's tokenizer. Every output is in the grammar, and every mode (target and draft masked
 alike) gives the constrained target's greedy output token for token; sampled output follows the
 constrained target's distribution."""
 
-import collections
 
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, generate_all, tiny_llama
-from edge_llm_ros.core.constraint import TokenGrammar, constrain
-from edge_llm_ros.core.models import load_tokenizer
-from edge_llm_ros.core.nav.actions import ANSWER, parse
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.constraint import TokenGrammar, constrain
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import load_tokenizer, tiny_llama
+from edge_llm_ros.nav.actions import ANSWER, parse
 
 MODES = ("ar", "sd", "tree", "llmcad")
 
@@ -106,7 +107,7 @@ def test_sampled_answers_follow_the_constrained_target(models, grammar, tokenize
     masked logits; chi-square over 200 seeds)."""
     from test_sampling import chi_square_pvalue
 
-    from edge_llm_ros.core import Sampler
+    from edge_llm_ros.core.engine.sampling import Sampler
 
     target, draft = models
     head = "reason: ahead\naction: "

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, build_exits, generate_all, tiny_llama
+from edge_llm_ros.core.drafts.exits import ExitSet, build_exits
 from edge_llm_ros.core.edge_cloud import (
     EDGE_MODES,
     DraftError,
@@ -25,9 +25,12 @@ from edge_llm_ros.core.edge_cloud import (
     projected_speedup,
     run_edge_cloud,
 )
-from edge_llm_ros.core.exits import ExitSet
-from edge_llm_ros.core.sampling import Sampler
-from edge_llm_ros.core.verifier import verify_greedy
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.engine.sampling import Sampler
+from edge_llm_ros.core.engine.verifier import verify_greedy
 
 VOCAB, LAYERS, EXITS = 64, 4, (0, 1, 2)
 PROMPTS = ([1, 2, 3, 4, 5], [7, 9, 11])
@@ -162,7 +165,7 @@ def test_linked_rounds_put_the_server_on_its_thread_behind_both_links_and_stay_l
     try:
         for i, prompt in enumerate(PROMPTS):
             stats, tokens = [], []
-            for step, final in linked_rounds(verifier, robot, prompt, config, uplink=up, downlink=down,
+            for step, _final in linked_rounds(verifier, robot, prompt, config, uplink=up, downlink=down,
                                              request_id=f"{name}-{i}", stats_out=stats, early_exits=early_exits,
                                              send_ahead=send_ahead, timeout_s=30):
                 tokens += step.tokens
@@ -613,7 +616,9 @@ def test_projected_speedup_is_appendix_b():
 
 
 def test_smollm2_with_shipped_exits_and_draft_is_lossless(smollm2, capsys):
-    from edge_llm_ros.core import chat_prompt, load_drafter, load_exits
+    from edge_llm_ros.core.drafts.draft_models import load_drafter
+    from edge_llm_ros.core.drafts.exits import load_exits
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     verifier = EarlyExitVerifier(smollm2, load_exits(smollm2))
     robot = EarlyExitDrafter(load_drafter(smollm2), seed=0)

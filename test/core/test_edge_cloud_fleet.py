@@ -12,7 +12,6 @@ import pytest
 import torch
 from test_sampling import chi_square_pvalue, exact_marginals
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, Sampler, generate_all, tiny_llama
 from edge_llm_ros.core.edge_cloud import (
     MAX_REQUEST_ID,
     PROPOSAL_TOP_K,
@@ -26,6 +25,11 @@ from edge_llm_ros.core.edge_cloud import (
     VerifyOutcome,
     run_edge_cloud,
 )
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.engine.sampling import Sampler
 
 VOCAB = 64
 PROMPTS = ([1, 2, 3, 4, 5], [7, 9, 11])

@@ -1,4 +1,4 @@
-"""The edge-cloud simulator (core/edge_cloud/sim.py): the real robot and server with simulated time.
+"""The edge-cloud simulator (core/sim/edge_cloud.py): the real robot and server with simulated time.
 Lossless in every mode, a hand-computed schedule reproduced for ar and sd, pre-drafting and
 sending ahead paying off where they should (and never where the exits disagree), deterministic;
 on tiny random models."""
@@ -7,13 +7,17 @@ import dataclasses
 
 import pytest
 import torch
-
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, build_exits, generate_all, preset, tiny_llama
-from edge_llm_ros.core.edge_cloud import EDGE_MODES, DraftRequest, EarlyExitDrafter, EarlyExitVerifier, VerifyOutcome
-from edge_llm_ros.core.edge_cloud.sim import EdgeCloudCosts, outcome_bytes, simulate_edge_cloud
-from edge_llm_ros.core.exits import ExitSet
-from edge_llm_ros.core.pipesim import DraftCost, LayerProfile, Link
 from test_edge_cloud import identity_tail_target  # 3 layers whose last two add nothing
+
+from edge_llm_ros.core.drafts.exits import ExitSet, build_exits
+from edge_llm_ros.core.edge_cloud import EDGE_MODES, DraftRequest, EarlyExitDrafter, EarlyExitVerifier, VerifyOutcome
+from edge_llm_ros.core.edge_cloud.records import outcome_bytes
+from edge_llm_ros.core.engine.config import GenerationConfig, preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.planning.costs import DraftCost, LayerProfile, Link
+from edge_llm_ros.core.sim.edge_cloud import EdgeCloudCosts, simulate_edge_cloud
 
 VOCAB, PROMPT = 64, [1, 2, 3, 4, 5]
 

@@ -1,10 +1,12 @@
 """Bad requests fail early with a message naming the problem; EOS and stop strings end cleanly."""
 
 import pytest
-
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, generate, generate_all, tiny_llama
-
 from reference import hf_greedy
+
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate, generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
 
 
 class LetterTokenizer:

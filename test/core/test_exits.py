@@ -8,22 +8,21 @@ import pytest
 import torch
 from toy import VOCAB, tiny_target
 
-from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all
-from edge_llm_ros.core import exits as E
-from edge_llm_ros.core.draft_models import DraftMismatchError
-from edge_llm_ros.core.exits import (
+from edge_llm_ros.core.drafts.draft_models import DraftMismatchError
+from edge_llm_ros.core.drafts.exits import (
     ExitDrafter,
-    ExitTrainConfig,
     build_exits,
     default_exits_path,
-    evaluate_exits,
     exit_confidence,
-    exit_features,
     load_exit_drafter,
     load_exits,
     save_exits,
-    train_exits,
 )
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.models import chat_prompt
+from edge_llm_ros.core.training import exits as E
+from edge_llm_ros.core.training.exits import ExitTrainConfig, evaluate_exits, exit_features, train_exits
 
 SUBSET = torch.tensor([0, 3, 5, 8, 13, 21, 34, 55, VOCAB - 1])
 
@@ -192,7 +191,8 @@ def test_resume_continues_where_it_stopped(target, dataset, tmp_path, monkeypatc
 
 
 def test_train_exits_command_on_a_tiny_model(tmp_path, capsys):
-    from edge_llm_ros.core.loading import build_drafter, tiny_target as byte_target
+    from edge_llm_ros.core.drafts.loading import build_drafter
+    from edge_llm_ros.core.drafts.loading import tiny_target as byte_target
     from edge_llm_ros.tools.train import main
 
     model = tmp_path / "model"
@@ -236,7 +236,7 @@ def test_train_exits_command_on_a_tiny_model(tmp_path, capsys):
 
 
 def test_exit_spec_errors_and_the_transformers_view(target, tmp_path):
-    from edge_llm_ros.core.loading import LoadError, build_drafter, check_draft_spec
+    from edge_llm_ros.core.drafts.loading import LoadError, build_drafter, check_draft_spec
     from edge_llm_ros.tools.loading import hf_assist_for
 
     for spec, message in (("exit", "expected exit:K"), ("exit:x", "expected exit:K"), ("exit:0", "K >= 1"),

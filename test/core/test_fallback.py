@@ -4,15 +4,11 @@ import math
 
 import pytest
 
-from edge_llm_ros.core import (
-    GenerationConfig,
-    Sampler,
-    TokenTree,
-    TreeSpec,
-    Verification,
-    generate_all,
-    update_alpha,
-)
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all, update_alpha
+from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.engine.sampling import Sampler
+from edge_llm_ros.core.engine.tree import TokenTree, Verification
 
 
 def chain(confidences):

@@ -1,4 +1,4 @@
-"""The shipped draft exported to GGUF and run by llama.cpp (core/gguf_export.py).
+"""The shipped draft exported to GGUF and run by llama.cpp (core/drafts/gguf.py).
 
 Its logits equal the torch draft's over the draft's vocabulary subset within quantization noise
 (llama.cpp rounds activations to Q8_0 for Q8_0 weights). Measured over 400 positions of the
@@ -19,18 +19,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig, chat_prompt, encode, generate_all, load_draft, preset, tiny_llama
-from edge_llm_ros.core import gguf_export
-from edge_llm_ros.core.draft_models import DraftMismatchError
-from edge_llm_ros.core.gguf_export import (
+from edge_llm_ros.core.drafts import gguf as gguf_export
+from edge_llm_ros.core.drafts.draft_models import DraftMismatchError, load_draft
+from edge_llm_ros.core.drafts.gguf import (
     INPUT_EMBEDDING_KEY,
     TokenEmbedding,
     default_draft_gguf,
     load_llama_drafter,
     read_gguf_string,
 )
-from edge_llm_ros.core.loading import byte_tokenizer
-from edge_llm_ros.core.models import MODEL_CACHE_ENV
+from edge_llm_ros.core.drafts.loading import byte_tokenizer
+from edge_llm_ros.core.engine.config import GenerationConfig, preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.models import MODEL_CACHE_ENV, chat_prompt, encode, tiny_llama
 from edge_llm_ros.tools import export
 
 PROMPT_FILES = Path(__file__).resolve().parents[2] / "edge_llm_ros" / "data" / "prompts"

@@ -2,19 +2,12 @@
 
 import pytest
 import torch
-
-from edge_llm_ros.core import (
-    MODES,
-    GenerationConfig,
-    ModelDrafter,
-    PromptLookupDrafter,
-    generate,
-    generate_all,
-    preset,
-    tiny_llama,
-)
-
 from reference import hf_greedy
+
+from edge_llm_ros.core.engine.config import MODES, GenerationConfig, preset
+from edge_llm_ros.core.engine.decoding import generate, generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter, PromptLookupDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
 
 
 def prompt_of(length, seed=0, vocab=64):

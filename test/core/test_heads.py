@@ -5,19 +5,13 @@ import pytest
 import torch
 from toy import PROMPTS, VOCAB
 
-from edge_llm_ros.core import GenerationConfig, generate_all
-from edge_llm_ros.core.draft_models import load_draft, load_drafter, save_draft
-from edge_llm_ros.core.drafters import TreeSpec
-from edge_llm_ros.core.heads import (
-    FeatureDrafter,
-    build_heads,
-    cached_features,
-    evaluate_heads,
-    target_features,
-    train_heads,
-)
-from edge_llm_ros.core.sampling import Sampler
-from edge_llm_ros.core.training import TrainConfig, generate_responses
+from edge_llm_ros.core.drafts.draft_models import FeatureDrafter, build_heads, load_draft, load_drafter, save_draft
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.engine.sampling import Sampler
+from edge_llm_ros.core.training.distill import TrainConfig, generate_responses
+from edge_llm_ros.core.training.heads import cached_features, evaluate_heads, target_features, train_heads
 
 MODES = [
     GenerationConfig(mode="sd", gamma=3, max_new_tokens=40),
@@ -133,7 +127,7 @@ def test_feature_cache_tells_responses_of_one_prompt_apart(target, dataset, tmp_
 
 def test_feature_head_is_lossless_on_smollm2(smollm2):
     """The real target hands its features to a head (untrained here: losslessness must not depend on it)."""
-    from edge_llm_ros.core import chat_prompt
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     drafter = build_heads(smollm2).drafter()
     for text in ("Walk to the kitchen and tell me what is on the table.", "def add(a, b):"):

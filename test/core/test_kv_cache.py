@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edge_llm_ros.core import KVCache
+from edge_llm_ros.core.engine.kv_cache import KVCache
 
 
 def filled(length, capacity=16):

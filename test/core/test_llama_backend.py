@@ -17,10 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, chat_prompt, generate_all, load_drafter, preset
-from edge_llm_ros.core.llama_backend import LlamaCppError, LlamaCppLM, load_llama_cpp
-from edge_llm_ros.core.models import default_model_path
-from edge_llm_ros.core.tree import TokenTree
+from edge_llm_ros.core.drafts.draft_models import load_drafter
+from edge_llm_ros.core.engine.config import GenerationConfig, preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.llama_backend import LlamaCppError, LlamaCppLM, load_llama_cpp
+from edge_llm_ros.core.engine.models import chat_prompt, default_model_path
+from edge_llm_ros.core.engine.tree import TokenTree
 
 PROMPTS = ("Describe how a robot should explore a new house.", "Write a short poem about the sea.",
            "Explain how a robot vacuum cleaner maps a room.", "Give three tips for charging a battery safely.",
@@ -160,7 +163,7 @@ def test_a_bad_gguf_fails_with_one_error_naming_the_file(tmp_path):
 
 
 def test_a_draft_with_another_vocabulary_is_refused_before_generation(lm, prompts):
-    from edge_llm_ros.core import tiny_llama
+    from edge_llm_ros.core.engine.models import tiny_llama
 
     with pytest.raises(ValueError, match="draft vocabulary size 64 differs from the target's 49152"):
         generate_all(lm, prompts[0], preset("sd", max_new_tokens=4), ModelDrafter(tiny_llama(vocab_size=64)))
@@ -199,8 +202,8 @@ def test_sampled_trees_on_llama_cpp_follow_the_targets_distribution(lm, prompts)
     second one's marginal enumerated over the first token's 8 possible values."""
     from test_sampling import chi_square_pvalue
 
-    from edge_llm_ros.core import Sampler
-    from edge_llm_ros.core.gguf_export import load_llama_drafter
+    from edge_llm_ros.core.drafts.gguf import load_llama_drafter
+    from edge_llm_ros.core.engine.sampling import Sampler
 
     ids, samples = lm.tokenizer.encode("The robot walked into the kitchen and"), 150  # short: cheap prefills
     sampler = Sampler(temperature=1.0, top_k=8)

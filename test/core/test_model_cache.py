@@ -10,9 +10,17 @@ import shutil
 import pytest
 import torch
 
-from edge_llm_ros.core import chat_prompt, default_model_path, encode, load_model, load_tokenizer
-from edge_llm_ros.core import models
-from edge_llm_ros.core.models import MODEL_CACHE_ENV, gguf_cache_entry, model_cache_root
+from edge_llm_ros.core.engine import models
+from edge_llm_ros.core.engine.models import (
+    MODEL_CACHE_ENV,
+    chat_prompt,
+    default_model_path,
+    encode,
+    gguf_cache_entry,
+    load_model,
+    load_tokenizer,
+    model_cache_root,
+)
 
 TEXTS = [
     "Move forward two meters, then turn left and stop next to the red box.",

@@ -4,7 +4,8 @@ import os
 import pytest
 import torch
 
-from edge_llm_ros.core import TokenTree, chat_prompt, default_model_path, tiny_llama
+from edge_llm_ros.core.engine.models import chat_prompt, default_model_path, tiny_llama
+from edge_llm_ros.core.engine.tree import TokenTree
 
 
 def hf_logits(model, ids):

@@ -1,4 +1,4 @@
-"""Jupiter's parallelism planning (core/partition.py): Eq. 1 and Eq. 2-4 against brute force,
+"""Jupiter's parallelism planning (core/planning/partition.py): Eq. 1 and Eq. 2-4 against brute force,
 the checks' messages, and the planning times the issue asks for."""
 
 import time
@@ -7,7 +7,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from edge_llm_ros.core.partition import (
+from edge_llm_ros.core.planning.partition import (
     ModelCost,
     PartitionError,
     StageDevice,

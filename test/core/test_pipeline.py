@@ -15,12 +15,15 @@ from dataclasses import replace
 
 import pytest
 
-from edge_llm_ros.core import generate_all, preset
-from edge_llm_ros.core.drafters import ModelDrafter, TreeSpec
-from edge_llm_ros.core.models import load_model, tiny_llama
-from edge_llm_ros.core.pipeline import PAPER_SHAPE, ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
-from edge_llm_ros.core.pipesim import CostModel, CountingDrafter, Link, simulate
-from edge_llm_ros.core.stages import Stage, load_stage_model
+from edge_llm_ros.core.engine.config import preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter, TreeSpec
+from edge_llm_ros.core.engine.models import load_model, tiny_llama
+from edge_llm_ros.core.engine.partial import load_stage_model
+from edge_llm_ros.core.pipeline.schedulers import PAPER_SHAPE, ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
+from edge_llm_ros.core.pipeline.stages import Stage
+from edge_llm_ros.core.planning.costs import CostModel, CountingDrafter, Link
+from edge_llm_ros.core.sim.pipeline import simulate
 
 
 def stages_of(folder, splits) -> list[Stage]:

@@ -1,4 +1,4 @@
-"""Planning a stage pipeline (core/pipeline_plan.py): the predictions against hand-computed ones, the
+"""Planning a stage pipeline (core/planning/pipeline_plan.py): the predictions against hand-computed ones, the
 segment chosen per hardware, 32 layers x 8 devices planned end to end within a second, the params
 file read back and accepted by the launcher, the Plan message, the devices file, memory refusals
 that measure nothing, and `edge-llm-ros plan --pipeline`."""
@@ -13,13 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_llm_ros.core.partition import PartitionError, check_ranges, plan_layers
-from edge_llm_ros.core.pipeline import FlowSpecShape
-from edge_llm_ros.core.pipeline_plan import (
-    GHIDORAH, SEGMENTS, AcceptanceCurve, DeviceSpec, Devices, ModelShape, PipelinePlan, PlanRequest, model_shape,
-    plan_pipeline, read_devices, stage_devices,
+from edge_llm_ros.core.pipeline.schedulers import FlowSpecShape
+from edge_llm_ros.core.planning.costs import LayerProfile, Link
+from edge_llm_ros.core.planning.partition import PartitionError, check_ranges, plan_layers
+from edge_llm_ros.core.planning.pipeline_plan import (
+    GHIDORAH,
+    SEGMENTS,
+    AcceptanceCurve,
+    Devices,
+    DeviceSpec,
+    ModelShape,
+    PipelinePlan,
+    PlanRequest,
+    model_shape,
+    plan_pipeline,
+    read_devices,
+    stage_devices,
 )
-from edge_llm_ros.core.pipesim import LayerProfile, Link
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "devices.example.yaml"
@@ -145,7 +155,8 @@ def test_the_launcher_accepts_the_plan(plan, tmp_path, capsys):
     parameters (a later ROS 2 params file wins), a launch argument still overrides it, and a plan
     edited since it was made, or a missing file, is refused before anything starts. The plan's
     launch arguments alone do the same."""
-    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan, main as launch
+    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan
+    from edge_llm_ros.runtime.launcher import main as launch
     from edge_llm_ros.runtime.params import RosArgs, parse_ros_args
 
     path = tmp_path / "plan.yaml"
@@ -231,7 +242,7 @@ def test_profiled_devices_are_measured_once_per_thread_count_when_first_costed(t
 
 
 def test_a_measured_acceptance_curve_takes_the_best_at_each_width():
-    from edge_llm_ros.core.planner import Measurements
+    from edge_llm_ros.core.planning.planner import Measurements
 
     m = Measurements.from_record({"row_costs_ms": {"torch": {"1": 10.0}}, "drafts": [
         {"backend": "torch", "ms_per_token": 5.0, "tau": {"1": 1.5, "2": 1.8, "3": 1.7},
@@ -243,7 +254,7 @@ def test_a_measured_acceptance_curve_takes_the_best_at_each_width():
 
 
 def test_smollm2s_shape_is_read_from_its_headers():
-    from edge_llm_ros.core.models import weights_folder
+    from edge_llm_ros.core.engine.models import weights_folder
 
     model = model_shape(weights_folder())
     assert (model.num_layers, model.hidden_size, model.kv_heads, model.head_dim) == (30, 576, 3, 64)
@@ -265,7 +276,7 @@ def run_plan(argv):
 
 
 def test_plan_pipeline_prints_the_table_writes_the_file_and_the_launch_command(tmp_path, monkeypatch):
-    from edge_llm_ros.core.device_plan import PLAN_ENV
+    from edge_llm_ros.core.planning.device_plan import PLAN_ENV
 
     monkeypatch.setenv(PLAN_ENV, str(tmp_path / "none.json"))  # no device plan: τ is the stated assumption
     out_path = tmp_path / "plan.yaml"

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from edge_llm_ros.core import TreeSpec
-from edge_llm_ros.core.device_plan import candidate, load_plan, plan_record, save_plan
-from edge_llm_ros.core.device_profile import chain_taus
-from edge_llm_ros.core.planner import (
+from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.planning.device_plan import candidate, load_plan, plan_record, save_plan
+from edge_llm_ros.core.planning.device_profile import chain_taus
+from edge_llm_ros.core.planning.planner import (
     ANSWER_TOKENS,
     DeploymentRequest,
     DraftMeasure,

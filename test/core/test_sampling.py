@@ -11,15 +11,13 @@ import itertools
 import pytest
 import torch
 
-from edge_llm_ros.core import (
-    GenerationConfig,
-    ModelDrafter,
-    PromptLookupDrafter,
-    Sampler,
-    generate_all,
-    tiny_llama,
-)
-verify_module = importlib.import_module("edge_llm_ros.core.verifier")
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter, PromptLookupDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.engine.sampling import Sampler
+
+verify_module = importlib.import_module("edge_llm_ros.core.engine.verifier")
 
 PROMPT = [1, 2, 3, 4]
 REPETITIVE = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]  # prompt lookup finds continuations (one-hot proposals)
@@ -130,7 +128,7 @@ def test_same_seed_same_tokens_different_seed_differs(pair):
 
 def test_feature_head_proposals_stay_exact(pair):
     """An EAGLE-style head (random, so it disagrees with the target) drafting trees from features."""
-    from edge_llm_ros.core.heads import build_heads
+    from edge_llm_ros.core.drafts.draft_models import build_heads
 
     target, _ = pair
     torch.manual_seed(5)

@@ -3,10 +3,12 @@ token-identical to transformers' greedy generate on the same weights."""
 
 import pytest
 import torch
-
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, PromptLookupDrafter, chat_prompt, generate_all
-
 from reference import hf_greedy
+
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter, PromptLookupDrafter
+from edge_llm_ros.core.engine.models import chat_prompt
 
 PROMPTS = [
     "Move forward two meters, then turn left and stop next to the red box.",

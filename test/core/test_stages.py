@@ -19,9 +19,11 @@ import dataclasses
 import pytest
 import torch
 
-from edge_llm_ros.core import chat_prompt, generate_all, preset
-from edge_llm_ros.core.models import load_model, tiny_llama, weights_folder
-from edge_llm_ros.core.stages import Prune, Rows, Stage, StageError, load_stage_model, prune_rows
+from edge_llm_ros.core.engine.config import preset
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.models import chat_prompt, load_model, tiny_llama, weights_folder
+from edge_llm_ros.core.engine.partial import load_stage_model
+from edge_llm_ros.core.pipeline.stages import Prune, Rows, Stage, StageError, prune_rows
 
 
 def stages_of(folder, splits, tokenizer=None) -> list[Stage]:
@@ -188,8 +190,8 @@ def test_greedy_through_uneven_stages_equals_ar_on_smollm2(smollm):
 
 RSS_SCRIPT = """
 import gc, sys
-from edge_llm_ros.core.models import weights_folder
-from edge_llm_ros.core.stages import load_stage_model
+from edge_llm_ros.core.engine.models import weights_folder
+from edge_llm_ros.core.engine.partial import load_stage_model
 def rss_mb():
     return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024
 folder = weights_folder()
@@ -203,9 +205,9 @@ print(rss_mb() - before)
 DRAFT_HOME_SCRIPT = """
 import gc, sys
 import transformers  # noqa: F401  (imported before the baseline: both runs load it)
-from edge_llm_ros.core.draft_models import load_drafter
-from edge_llm_ros.core.loading import draft_home
-from edge_llm_ros.core.models import load_model
+from edge_llm_ros.core.drafts.draft_models import load_drafter
+from edge_llm_ros.core.drafts.loading import draft_home
+from edge_llm_ros.core.engine.models import load_model
 def rss_mb():
     return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024
 before = rss_mb()
@@ -217,16 +219,16 @@ print(sum(1 for p in home.hf.parameters() if p.is_meta), rss_mb() - before)
 
 
 def test_a_robots_draft_holds_the_targets_embedding_and_head_not_the_target():
-    """By RSS, each in a fresh process: the shipped draft on its home (core/loading.draft_home: the
+    """By RSS, each in a fresh process: the shipped draft on its home (core/drafts/loading.draft_home: the
     target's embedding, norm, head and first layer, the other 29 layers never read) against the same
     draft on the whole target (332 MB against 733 MB here); and it drafts what it drafts there."""
     import subprocess
     import sys
 
-    from edge_llm_ros.core.draft_models import load_drafter
-    from edge_llm_ros.core.drafters import TreeSpec
-    from edge_llm_ros.core.loading import draft_home
-    from edge_llm_ros.core.sampling import Sampler
+    from edge_llm_ros.core.drafts.draft_models import load_drafter
+    from edge_llm_ros.core.drafts.loading import draft_home
+    from edge_llm_ros.core.engine.drafters import TreeSpec
+    from edge_llm_ros.core.engine.sampling import Sampler
 
     def grown(which: str) -> tuple[int, float]:
         out = subprocess.run([sys.executable, "-c", DRAFT_HOME_SCRIPT, which], capture_output=True, text=True,
@@ -258,7 +260,7 @@ def test_a_middle_stage_of_smollm2_grows_its_process_by_a_fraction_of_the_model(
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_rows_cross_the_wire_as_hidden_states_messages(dtype):
-    from edge_llm_ros.core.stages import StageMessage
+    from edge_llm_ros.nodes.wire import StageMessage
     from edge_llm_ros.runtime.interfaces import registry
 
     visible = torch.tensor([[1, 0, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
@@ -283,7 +285,7 @@ def test_rows_cross_the_wire_as_hidden_states_messages(dtype):
 
 
 def test_malformed_hidden_states_are_refused_with_the_field_named():
-    from edge_llm_ros.core.stages import StageMessage, WireError
+    from edge_llm_ros.nodes.wire import StageMessage, WireError
 
     good = StageMessage.from_rows(Rows("r", 0, 0, 1, torch.arange(2), torch.randn(2, 32),
                                        torch.ones(2, 3, dtype=torch.bool)), stage=1)
@@ -318,7 +320,7 @@ def test_a_forked_request_continues_from_the_shared_rows_as_if_it_had_prefilled_
 
 
 def test_outline_points_parse_and_the_follow_up_turn_continues_the_chat(smollm):
-    from edge_llm_ros.core.outline import follow_up_ids, parse_points
+    from edge_llm_ros.core.pipeline.outline import follow_up_ids, parse_points
 
     text = "Here is an outline:\n1. Charge the battery\n2) Map the room. Then rest\n3. **Avoid stairs**: they hurt"
     assert parse_points(text, 5) == ["Charge the battery", "Map the room", "Avoid stairs"]

@@ -7,9 +7,7 @@ import pytest
 import torch
 from toy import PROMPTS, VOCAB, tiny_target
 
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, chat_prompt, generate_all
-from edge_llm_ros.core import training
-from edge_llm_ros.core.draft_models import (
+from edge_llm_ros.core.drafts.draft_models import (
     DraftMismatchError,
     build_draft,
     default_draft_path,
@@ -18,7 +16,12 @@ from edge_llm_ros.core.draft_models import (
     load_drafter,
     save_draft,
 )
-from edge_llm_ros.core.training import (
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import chat_prompt
+from edge_llm_ros.core.training import distill as training
+from edge_llm_ros.core.training.distill import (
     TrainConfig,
     evaluate_agreement,
     frequent_vocab,
@@ -26,6 +29,7 @@ from edge_llm_ros.core.training import (
     split_dataset,
     train_draft,
 )
+
 
 def test_responses_are_the_targets_greedy_output(target, dataset):
     for sample in dataset[:4]:

@@ -2,7 +2,9 @@ import math
 
 import torch
 
-from edge_llm_ros.core import Sampler, TokenTree, verify_greedy
+from edge_llm_ros.core.engine.sampling import Sampler
+from edge_llm_ros.core.engine.tree import TokenTree
+from edge_llm_ros.core.engine.verifier import verify_greedy
 
 
 def sample_tree():

@@ -1,8 +1,8 @@
 """Tiny targets with a character tokenizer and toy prompts, shared by the drafter-training tests
 (a module of its own, not conftest, so that `from toy import ...` is unambiguous)."""
 
-from edge_llm_ros.core import tiny_llama
-from edge_llm_ros.core.training import Prompt
+from edge_llm_ros.core.engine.models import tiny_llama
+from edge_llm_ros.core.training.distill import Prompt
 
 VOCAB = 64
 

@@ -3,8 +3,7 @@ of a simulated world."""
 
 import pytest
 
-from edge_llm_ros.core import tiny_llama
-from edge_llm_ros.core.models import load_tokenizer
+from edge_llm_ros.core.engine.models import load_tokenizer, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +22,7 @@ def lora_vlm(tiny_lms):
     answers (so a server or a stage must merge it to give the one-device answer)."""
     import torch
 
-    from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
+    from edge_llm_ros.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
 
     target, draft = tiny_lms
     adapter = NavAdapter(AdapterConfig(hidden={"target": 32, "draft": 32},
@@ -39,9 +38,9 @@ def lora_vlm(tiny_lms):
 @pytest.fixture(scope="module")
 def frames():
     """Three frames from world 3's start, turning: what the tiny VLMs decide on."""
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.world import Pose
-    from edge_llm_ros.core.nav.worldgen import generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.world import Pose
+    from edge_llm_ros.nav.worldgen import generate
 
     world, camera = generate(3), Camera()
     start = world.start

@@ -5,8 +5,7 @@ import math
 
 import pytest
 
-from edge_llm_ros.core.nav import MAGNITUDES, STOP, VERBS, ActionParseError, Magnitudes, NavCommand, parse, \
-    parse_or_stop
+from edge_llm_ros.nav import MAGNITUDES, STOP, VERBS, ActionParseError, Magnitudes, NavCommand, parse, parse_or_stop
 
 
 @pytest.mark.parametrize("verb", VERBS)

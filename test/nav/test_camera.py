@@ -1,4 +1,4 @@
-"""The simulator's camera (core/nav/camera.py): a deterministic pinhole render in which an object's
+"""The simulator's camera (nav/camera.py): a deterministic pinhole render in which an object's
 colour is exact, its column follows its bearing, its size its distance, walls hide what is behind
 them, and a chair's legs leave a gap a box does not; fast enough for 30 Hz on one core."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_llm_ros.core.nav.camera import Camera
-from edge_llm_ros.core.nav.world import PALETTE, Colours, Pose, World
+from edge_llm_ros.nav.camera import Camera
+from edge_llm_ros.nav.world import PALETTE, Colours, Pose, World
 
 DEFAULT = Path(__file__).resolve().parents[2] / "config" / "worlds" / "default.yaml"
 RED = PALETTE["red"]

@@ -7,11 +7,17 @@ import functools
 
 import pytest
 
-from edge_llm_ros.core import GenerationConfig
-from edge_llm_ros.core.drafters import ModelDrafter
-from edge_llm_ros.core.edge_cloud import (DraftError, DraftRequest, EarlyExitDrafter, EarlyExitVerifier,
-                                          edge_cloud_rounds, linked_rounds)
-from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, Navigator, nav_task
+from edge_llm_ros.core.edge_cloud import (
+    DraftError,
+    DraftRequest,
+    EarlyExitDrafter,
+    EarlyExitVerifier,
+    edge_cloud_rounds,
+    linked_rounds,
+)
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.nav.navigator import NAV_TASK, EdgeCloudNavigator, Navigator, nav_task
 
 INSTRUCTION = "go to the red chair"
 
@@ -62,11 +68,12 @@ def _rounds(verifier, robot, request_id, prompt, config, **start):
 
 def test_over_emulated_links_and_in_ee_go2_simulated_time_every_mode_gives_the_same_answer(vlm, frames, halves):
     """The bench's two paths (tools/bench_nav.py): the server on its own thread behind 10 ms links
-    each way, and core/edge_cloud/sim.py with EE's Go2 seconds; both the one-device answer. Cloud AR's
+    each way, and core/sim/edge_cloud.py with EE's Go2 seconds; both the one-device answer. Cloud AR's
     simulated decision is Table 4's: 2 T_c + a prefill (T_q's share of the layers) + T(1 row) per
     token, and round 0's bytes up."""
-    from edge_llm_ros.core.edge_cloud.sim import draft_bytes, simulate_edge_cloud
-    from edge_llm_ros.core.nav.deployment import ee_go2_costs
+    from edge_llm_ros.core.edge_cloud.records import draft_bytes
+    from edge_llm_ros.core.sim.edge_cloud import simulate_edge_cloud
+    from edge_llm_ros.nav.deployment import ee_go2_costs
     from edge_llm_ros.runtime.link import Link, LinkSpec
 
     adapter, target, draft = vlm
@@ -134,7 +141,7 @@ def test_a_navigation_round_0_is_checked_naming_the_field(vlm, frames, halves):
 def test_a_task_serves_its_own_exits_which_must_cover_the_verifiers_layers(vlm, frames):
     """A nav request's early outcomes are read with the task's exits (trained on its model), a plain
     request's with the verifier's; task exits without one of the verifier's layers are refused."""
-    from edge_llm_ros.core.exits import build_exits
+    from edge_llm_ros.core.drafts.exits import build_exits
 
     adapter, target, _ = vlm
     plain_exits = build_exits(target, [0], bottleneck=8, seed=1)

@@ -1,4 +1,4 @@
-"""The teachers (core/nav/expert.py): with the discrete actions alone the map-based expert reaches
+"""The teachers (nav/expert.py): with the discrete actions alone the map-based expert reaches
 the target in seeded worlds, and the camera expert in clear-path worlds, without touching anything;
 they stop only when there and facing it, and say why in the grammar's alphabet."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm_ros.core.nav import Magnitudes, NavCommand, parse
-from edge_llm_ros.core.nav.expert import WHERE, ExpertConfig, camera_expert, expert, in_view, rollout, where_seen
-from edge_llm_ros.core.nav.world import Pose, World, body_gap, reached
-from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+from edge_llm_ros.nav import Magnitudes, NavCommand, parse
+from edge_llm_ros.nav.expert import WHERE, ExpertConfig, camera_expert, expert, in_view, rollout, where_seen
+from edge_llm_ros.nav.world import Pose, World, body_gap, reached
+from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
 DEFAULT = Path(__file__).resolve().parents[2] / "config" / "worlds" / "default.yaml"
 SEEDS = range(1000, 1050)  # 50 worlds
@@ -93,7 +93,7 @@ def test_other_magnitudes_are_followed():
 
 @pytest.mark.parametrize("seed", [1000, 1010])
 def test_no_action_of_an_episode_ends_in_a_contact(seed):
-    from edge_llm_ros.core.nav.world import Robot
+    from edge_llm_ros.nav.world import Robot
 
     world = generate(seed)
     episode = rollout(world)

@@ -1,4 +1,4 @@
-"""Bridge motion and safety without ROS (core/nav/motion.py), time injected: profiles cover their
+"""Bridge motion and safety without ROS (nav/motion.py), time injected: profiles cover their
 distance within the velocity and acceleration limits and end at rest; limits clamp; the watchdog
 stops a motion nobody refreshes; the e-stop latches until released; stale frames are refused;
 invalid actions stop the robot."""
@@ -7,9 +7,21 @@ import math
 
 import pytest
 
-from edge_llm_ros.core.nav import ActionParseError, Magnitudes
-from edge_llm_ros.core.nav.motion import (STOP, Command, EStop, Executor, MotionLimits, Setpoint, Watchdog,
-                                          clamp_setpoint, plan_axis, resolve_motion, stale_reason, to_command)
+from edge_llm_ros.nav import ActionParseError, Magnitudes
+from edge_llm_ros.nav.motion import (
+    STOP,
+    Command,
+    EStop,
+    Executor,
+    MotionLimits,
+    Setpoint,
+    Watchdog,
+    clamp_setpoint,
+    plan_axis,
+    resolve_motion,
+    stale_reason,
+    to_command,
+)
 
 PERIOD = 0.05
 LIMITS = MotionLimits(max_linear_mps=0.5, max_angular_rps=1.0, max_linear_accel=1.0, max_angular_accel=2.0,

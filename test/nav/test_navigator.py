@@ -6,12 +6,12 @@ state), and malformed frames are refused naming the field."""
 import numpy as np
 import pytest
 
-from edge_llm_ros.core import GenerationConfig
-from edge_llm_ros.core.nav.actions import ANSWER
-from edge_llm_ros.core.nav.camera import Camera
-from edge_llm_ros.core.nav.frames import FrameError, from_compressed, from_raw
-from edge_llm_ros.core.nav.navigator import Navigator, Waiting
-from edge_llm_ros.core.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.nav.actions import ANSWER
+from edge_llm_ros.nav.camera import Camera
+from edge_llm_ros.nav.frames import FrameError, from_compressed, from_raw
+from edge_llm_ros.nav.navigator import Navigator, Waiting
+from edge_llm_ros.nav.vlm import AdapterConfig, NavAdapter, lora_shapes
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_adapter_training_lowers_the_loss_checkpoints_and_resumes(vlm, tmp_path)
     the adapter saves and loads back (identity checked)."""
     import torch
 
-    from edge_llm_ros.core.nav import vlm_training as vt
+    from edge_llm_ros.nav import vlm_training as vt
 
     adapter, target, draft = vlm
     config_ = AdapterConfig(hidden={"target": 32, "draft": 32},
@@ -159,7 +159,7 @@ def test_lora_merges_into_a_copy_that_matches_training_and_keeps_speculation_exa
 def test_the_encoder_pretrains_on_what_frames_show_and_the_action_line_weighs_more(vlm):
     """pretrain_encoder lowers its loss on simulator frames (labels for every target kind); a
     batch weighs the action line's tokens by action_weight, the reason's by 1, the prompt's by 0."""
-    from edge_llm_ros.core.nav import vlm_training as vt
+    from edge_llm_ros.nav import vlm_training as vt
 
     adapter, target, _ = vlm
     samples = vt.collect_samples([vt.TRAIN_SEED_BASE + 1], Camera(), perturb=1)[:32]
@@ -193,10 +193,10 @@ def test_train_nav_refuses_bad_options_before_loading_anything():
 def test_nav_exits_learn_the_constrained_targets_answers_frame_by_frame(vlm):
     """nav_exit_features: a row per answer token and EOS, the teacher's top-1 the constrained
     target's argmax; train_nav_exits: exits over the tokens the teacher used, EOS among them."""
-    from edge_llm_ros.core.exits import ExitTrainConfig
-    from edge_llm_ros.core.nav import vlm_training as vt
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.navigator import answer_grammar
+    from edge_llm_ros.core.training.exits import ExitTrainConfig
+    from edge_llm_ros.nav import vlm_training as vt
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.navigator import answer_grammar
 
     adapter, target, _ = vlm
     samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + 1), Camera(), perturb=0)[:6]
@@ -219,11 +219,11 @@ def test_the_confidence_is_the_constrained_targets_probability_of_the_action_lin
 
     import torch
 
-    from edge_llm_ros.core.constraint import constrain
-    from edge_llm_ros.core.decoding import generate_all
-    from edge_llm_ros.core.drafters import ModelDrafter
-    from edge_llm_ros.core.nav.actions import ACTION_PREFIX
-    from edge_llm_ros.core.nav.navigator import action_confidence
+    from edge_llm_ros.core.engine.constraint import constrain
+    from edge_llm_ros.core.engine.decoding import generate_all
+    from edge_llm_ros.core.engine.drafters import ModelDrafter
+    from edge_llm_ros.nav.actions import ACTION_PREFIX
+    from edge_llm_ros.nav.navigator import action_confidence
 
     adapter, target, draft = vlm
     navigator = Navigator(adapter, target, draft, GenerationConfig(mode="sd", max_new_tokens=64, gamma=3))

@@ -7,11 +7,12 @@ the one-device constrained answer token for token. Faults are named by field."""
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig
-from edge_llm_ros.core.nav.navigator import Navigator, PipelineNavigator, answer_grammar, answer_vocabulary
-from edge_llm_ros.core.pipeline import FlowSpecShape
-from edge_llm_ros.core.pipesim import CostModel, Link, simulate
-from edge_llm_ros.core.stages import Rows, Stage, StageError, StageTask
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.pipeline.schedulers import FlowSpecShape
+from edge_llm_ros.core.pipeline.stages import Rows, Stage, StageError, StageTask
+from edge_llm_ros.core.planning.costs import CostModel, Link
+from edge_llm_ros.core.sim.pipeline import simulate
+from edge_llm_ros.nav.navigator import Navigator, PipelineNavigator, answer_grammar, answer_vocabulary
 
 INSTRUCTION = "go to the red chair"
 UNIT = CostModel(stage_s=lambda stage, rows, cached: 1.0, draft_s=0.1, link=Link(0.01))
@@ -98,7 +99,7 @@ def test_a_stage_names_what_a_tasks_rows_lack(vlm, frames):
 def test_grammar_states_are_numbered_the_same_in_every_process():
     """A state's number is its place in a breadth-first walk over the sorted alphabet: a grammar
     built anew numbers every state alike, and each number gives back its state's mask."""
-    from edge_llm_ros.core.models import load_tokenizer
+    from edge_llm_ros.core.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     one, two = (answer_grammar(tokenizer, len(tokenizer)) for _ in range(2))

@@ -33,7 +33,7 @@ def test_verifier_serves_one_navigation_model():
 
 
 def test_without_the_vlm_extra_the_error_says_what_to_install(monkeypatch):
-    from edge_llm_ros.core.nav.qwen_vl import QwenVL
+    from edge_llm_ros.nav.qwen_vl import QwenVL
 
     monkeypatch.setitem(sys.modules, "qwen_vl_utils", None)  # as where it is not installed
     with pytest.raises(ImportError, match=r"needs the vlm extra.*pip install -e '\.\[engine,vlm\]'.*make vlm"):

@@ -6,15 +6,14 @@ speculative modes, on the trained one"). Reaching the chair through real process
 
 import pytest
 
-
 SEED = 100  # an evaluation world: never trained on
 
 
 @pytest.fixture(scope="module")
 def models():
-    from edge_llm_ros.core import load_model
-    from edge_llm_ros.core.draft_models import load_draft
-    from edge_llm_ros.core.nav.vlm import NavAdapter
+    from edge_llm_ros.core.drafts.draft_models import load_draft
+    from edge_llm_ros.core.engine.models import load_model
+    from edge_llm_ros.nav.vlm import NavAdapter
 
     target = load_model()
     return NavAdapter.load(None, target), target, load_draft(target).model
@@ -31,9 +30,9 @@ def test_the_shipped_adapter_records_its_evaluation_and_carries_lora(models):
 
 @pytest.fixture(scope="module")
 def frames():
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.expert import camera_expert, rollout
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.expert import camera_expert, rollout
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     world, camera = generate(SEED, GenerateConfig(clear_path=True)), Camera()
     poses = [pose for pose, _ in rollout(world, camera_expert).steps]
@@ -44,10 +43,11 @@ def test_every_mode_and_deployment_gives_the_trained_vlms_ar_answer(models, fram
     """On one device sd and tree; over edge-cloud (the robot with the draft and the encoder, the
     verifier with SmolLM2 + the adapter as task nav and the shipped exits) cloud AR and fsd: every
     answer is the one-device AR answer, with its confidence, and a valid action."""
-    from edge_llm_ros.core import GenerationConfig, load_exits
-    from edge_llm_ros.core.drafters import ModelDrafter
+    from edge_llm_ros.core.drafts.exits import load_exits
     from edge_llm_ros.core.edge_cloud import EarlyExitDrafter, EarlyExitVerifier, edge_cloud_rounds
-    from edge_llm_ros.core.nav.navigator import (
+    from edge_llm_ros.core.engine.config import GenerationConfig
+    from edge_llm_ros.core.engine.drafters import ModelDrafter
+    from edge_llm_ros.nav.navigator import (
         MAX_ANSWER_TOKENS,
         NAV_TASK,
         EdgeCloudNavigator,

@@ -1,4 +1,4 @@
-"""The simulator's world (core/nav/world.py, worldgen.py): YAML in with every bad field named, the
+"""The simulator's world (nav/world.py, worldgen.py): YAML in with every bad field named, the
 kinematic Go2 that integrates commands and stops before any contact, and seeded generation."""
 
 import math
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from edge_llm_ros.core.nav import NavCommand
-from edge_llm_ros.core.nav.world import ROBOT_RADIUS, Pose, Robot, World, WorldError, body_gap, reached
-from edge_llm_ros.core.nav.worldgen import LOOKALIKES, GenerateConfig, generate, reachable, straight_path
+from edge_llm_ros.nav import NavCommand
+from edge_llm_ros.nav.world import ROBOT_RADIUS, Pose, Robot, World, WorldError, body_gap, reached
+from edge_llm_ros.nav.worldgen import LOOKALIKES, GenerateConfig, generate, reachable, straight_path
 
 DEFAULT = Path(__file__).resolve().parents[2] / "config" / "worlds" / "default.yaml"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import cli
 
 BENCH_TIMEOUT_S = 900

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import zenoh
-
 from support import Proc, cli, python_module, wait_until
+
 from edge_llm_ros.runtime import graph
 from edge_llm_ros.runtime.interfaces import registry
 

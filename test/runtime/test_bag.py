@@ -11,6 +11,7 @@ import pytest
 import yaml
 from mcap.reader import make_reader
 from rosbags.rosbag2 import Reader as RosbagsReader
+from support import TESTDATA as _TESTDATA
 
 from edge_llm_ros.runtime.bag import (
     BagError,
@@ -25,8 +26,6 @@ from edge_llm_ros.runtime.bag import (
     require_topics,
 )
 from edge_llm_ros.runtime.interfaces import registry
-
-from support import TESTDATA as _TESTDATA
 
 TESTDATA = _TESTDATA / "ros2_bags"
 TALKER_BAGS = [TESTDATA / "talker_mcap", TESTDATA / "talker_sqlite3"]

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-
 from support import TESTDATA, Proc, cli, python_module, wait_until
+
 from edge_llm_ros.runtime.bag import BagReader
 from edge_llm_ros.runtime.interfaces import registry
 

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from support import Proc, cli, python_module, stamped_now, wait_until
 
 NS = "/cli_graph"

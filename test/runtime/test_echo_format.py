@@ -171,9 +171,9 @@ def test_field_values_print_as_rclpy_holds_them():
     for path in ("token_ids", "probs", "text", "done", "header.frame_id"):
         steps = field_steps("edge_llm_ros/msg/TokenChunk", path)
         value = chunk
-        for name, desc in steps:
+        for name, _ in steps:
             value = getattr(value, name)
-        shown[path] = str(rclpy_value(desc, value))
+        shown[path] = str(rclpy_value(steps[-1][1], value))
     assert shown == {"token_ids": "array('i', [1, -2, 3])", "probs": "array('f', [0.5, 0.10000000149011612])",
                      "text": 'say: "hi" it\'s', "done": "True", "header.frame_id": "base_link"}
     assert str(rclpy_value(field_steps("std_msgs/msg/Byte", "data")[0][1], 65)) == "b'A'"

@@ -21,7 +21,6 @@ from collections import defaultdict
 from typing import NamedTuple
 
 import pytest
-
 from hosts import BACKENDS, host_for
 from support import REPO, Proc, cli, stamped_now, wait_until
 
@@ -63,7 +62,7 @@ def target():
     """SmolLM2 in this process, on one thread as the nodes run it."""
     import torch
 
-    from edge_llm_ros.core import load_model
+    from edge_llm_ros.core.engine.models import load_model
 
     torch.set_num_threads(1)
     return load_model()
@@ -72,7 +71,9 @@ def target():
 @pytest.fixture(scope="module")
 def greedy(target):
     """greedy(prompt, max_new_tokens): the target's plain greedy output, computed here once per pair."""
-    from edge_llm_ros.core import GenerationConfig, chat_prompt, generate_all
+    from edge_llm_ros.core.engine.config import GenerationConfig
+    from edge_llm_ros.core.engine.decoding import generate_all
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     done: dict[tuple[str, int], Reference] = {}
 
@@ -188,7 +189,7 @@ def test_bad_parameter_is_one_line_and_exit_2(router_endpoint, module, param, na
 
 
 def test_draft_backend_auto_follows_the_spec_then_the_plan_then_llama_cpp_python():
-    from edge_llm_ros.core.loading import LoadError, resolve_draft_backend
+    from edge_llm_ros.core.drafts.loading import LoadError, resolve_draft_backend
 
     assert resolve_draft_backend("auto", "shallow:4", "llama.cpp", True)[:2] == ("torch", "shallow:4")
     assert resolve_draft_backend("auto", "llama.cpp:d.gguf", "torch", True)[:2] == ("llama.cpp", "llama.cpp:d.gguf")
@@ -205,8 +206,8 @@ def test_draft_backend_auto_follows_the_spec_then_the_plan_then_llama_cpp_python
 
 
 def test_a_draft_of_another_vocabulary_is_refused_before_generation():
-    from edge_llm_ros.core.models import default_model_path
-    from edge_llm_ros.core.loading import LoadError, build_drafter, tiny_target
+    from edge_llm_ros.core.drafts.loading import LoadError, build_drafter, tiny_target
+    from edge_llm_ros.core.engine.models import default_model_path
 
     with pytest.raises(LoadError, match="vocabulary of 49152 tokens, the target .* 258"):
         build_drafter(f"llama.cpp:{default_model_path()}", tiny_target())  # SmolLM2's 49152 tokens vs 258 bytes
@@ -242,7 +243,7 @@ def test_llama_cpp_draft_node_streams_the_target_greedy_output(nodes, reference)
 def assert_sampled_defaults_work_in_every_mode(host, client) -> None:
     """The issue's abort: `{prompt: 'hi', temperature: 0.7, max_new_tokens: 8, seed: 1}` with every
     other field at its default (top_k 0: the draft's whole vocabulary) must succeed in each mode."""
-    from edge_llm_ros.core import EDGE_MODES
+    from edge_llm_ros.core.edge_cloud import EDGE_MODES
 
     for mode in EDGE_MODES:
         handle, _, _ = send(host, client, "hi", temperature=0.7, max_new_tokens=8, seed=1, mode=mode)
@@ -453,7 +454,7 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
     """A probe on the wire repeats, for the live request, each final VerifyResult right after it
     (duplicate), the previous round's final (stale) and the round's early outcomes (overtaken by
     their final). The output stays the greedy one; draft_node logs what it ignored."""
-    from edge_llm_ros.core import chat_prompt
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     _, draft, probe, client, host = nodes
     prompt = PROMPTS[0]
@@ -526,7 +527,7 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
 def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
     """A goal whose greedy answer stops at EOS, in sd: the output ends with the EOS token, and
     `stats` carries that request's InferenceStats, then (the next stats_period_s tick) the aggregate."""
-    from edge_llm_ros.core import chat_prompt
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     _, _, probe, client, host = nodes
     ref = greedy(EOS_PROMPT, LONG)
@@ -563,7 +564,7 @@ def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
 
 
 def test_unknown_mode_aborts_the_goal_and_the_next_goal_is_served(nodes, greedy):
-    from edge_llm_ros.core import EDGE_MODES
+    from edge_llm_ros.core.edge_cloud import EDGE_MODES
 
     _, draft, _, client, host = nodes
     handle, feedback, _ = send(host, client, PROMPTS[1], mode="llmcad")

@@ -12,8 +12,12 @@ import threading
 import pytest
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.core import GenerationConfig, ModelDrafter, build_exits, generate_all, tiny_llama
+from edge_llm_ros.core.drafts.exits import build_exits
 from edge_llm_ros.core.edge_cloud import DraftRequest, EarlyExitDrafter, EarlyExitVerifier, VerifyOutcome
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.models import tiny_llama
 from edge_llm_ros.nodes.common import from_message, to_message
 from edge_llm_ros.nodes.edge_link import VerifierLink
 

@@ -24,7 +24,6 @@ import threading
 import time
 
 import pytest
-
 from hosts import BACKENDS, host_for
 from support import REPO, Proc, wait_until
 

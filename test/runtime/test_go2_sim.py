@@ -25,7 +25,6 @@ import sys
 import threading
 
 import pytest
-
 from hosts import BACKENDS, host_for, latched
 from support import REPO, Proc, cli, wait_until
 
@@ -95,9 +94,9 @@ def publish_instruction(host) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, router_endpoint):
-    from edge_llm_ros.core.nav.actions import TURNS, parse
-    from edge_llm_ros.core.nav.world import REACH_M, Pose, body_gap
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.actions import TURNS, parse
+    from edge_llm_ros.nav.world import REACH_M, Pose, body_gap
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     if backend == "rclpy":
         request.getfixturevalue("ros2_env")  # a sourced ROS 2 and this package's install, loopback only
@@ -185,8 +184,8 @@ class Operator:
     waits for the NavAction that answers it; and the one-device answer for that frame."""
 
     def __init__(self, host, name: str) -> None:
-        from edge_llm_ros.core.nav.camera import Camera
-        from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+        from edge_llm_ros.nav.camera import Camera
+        from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
         self.probe = host.Node(name)
         self.actions = Recorder(self.probe, host.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
@@ -217,9 +216,9 @@ class Operator:
         return next(a for a in self.actions.items[before:] if found(a))
 
     def one_device_answer(self):
-        from edge_llm_ros.core import load_model
-        from edge_llm_ros.core.nav.navigator import Navigator
-        from edge_llm_ros.core.nav.vlm import NavAdapter
+        from edge_llm_ros.core.engine.models import load_model
+        from edge_llm_ros.nav.navigator import Navigator
+        from edge_llm_ros.nav.vlm import NavAdapter
 
         target = load_model()
         return Navigator(NavAdapter.load(None, target), target).decide(self.frame, INSTRUCTION)

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from support import REPO
 
 from edge_llm_ros.runtime.interfaces import InterfaceError, Registry, registry
-from support import REPO
 
 # Hashes published in rmw_zenoh's design document for real ROS 2 types.
 KNOWN = {

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from hosts import RclpyHost
 from support import REPO, assert_loopback_only, check_loopback_only, generate_cli, wait_until
 
@@ -108,12 +107,18 @@ def installed_launch(name: str, arguments: dict[str, str], launch_env, io, proc_
     ``arguments``, in ``launch_env``, its processes' output, start and exit events and lifecycle
     transitions recorded in ``io``, ``proc_info`` and ``transitions``."""
     from ament_index_python.packages import get_package_share_directory
-    from launch import LaunchDescription
-    from launch.actions import (GroupAction, IncludeLaunchDescription, OpaqueFunction, RegisterEventHandler,
-                                SetEnvironmentVariable)
+    from launch.actions import (
+        GroupAction,
+        IncludeLaunchDescription,
+        OpaqueFunction,
+        RegisterEventHandler,
+        SetEnvironmentVariable,
+    )
     from launch.event_handlers import OnProcessExit, OnProcessIO, OnProcessStart
     from launch.launch_description_sources import PythonLaunchDescriptionSource
     from launch_ros.event_handlers import OnStateTransition
+
+    from launch import LaunchDescription
 
     launch_file = Path(get_package_share_directory("edge_llm_ros")) / "launch" / name
     return LaunchDescription([

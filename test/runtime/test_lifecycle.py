@@ -11,7 +11,6 @@ import threading
 import uuid
 
 import pytest
-
 from support import cli, wait_until
 
 

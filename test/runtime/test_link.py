@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import Proc
+
 from edge_llm_ros.runtime.interfaces import registry
 from edge_llm_ros.runtime.link import Link, LinkSpec, ShapedPublisher, TokenBucket, parse_link_params
 from edge_llm_ros.runtime.params import ParamsError

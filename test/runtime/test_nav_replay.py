@@ -22,8 +22,8 @@ import math
 import signal
 
 import pytest
-
 from support import REPO, Proc, cli, python_module, wait_until
+
 from edge_llm_ros.tools import nav_bags
 
 PARAMS = str(REPO / "config" / "go2_sim.yaml")
@@ -48,8 +48,8 @@ def expected():
 
 
 def test_fixtures_are_what_the_tool_writes(tmp_path, expected):
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     world = generate(nav_bags.SEED, GenerateConfig(clear_path=True))
     for scenario in nav_bags.SCENARIOS:
@@ -131,7 +131,7 @@ def recorded(out) -> dict[str, list]:
 
 def check_decisions(name: str, summary: dict, actions: list, expected: dict) -> list[str]:
     """The NavActions of the bag's episode against expected.json; returns their verbs."""
-    from edge_llm_ros.core.nav.actions import parse
+    from edge_llm_ros.nav.actions import parse
 
     by_stamp = {s: d for d in expected["bags"][name]["decisions"] for s in d["frame_stamps_ns"]}
     decided = [a for a in actions if a.request_id == f"nav-{summary['episode']}"]

@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 from edge_llm_ros.runtime.params import (
-    ParamsError, Remap, expand_name, format_param_value, list_nodes, load_params_file, parse_param_value,
-    parse_ros_args, resolve_name,
+    ParamsError,
+    Remap,
+    expand_name,
+    format_param_value,
+    list_nodes,
+    load_params_file,
+    parse_param_value,
+    parse_ros_args,
+    resolve_name,
 )
 
 

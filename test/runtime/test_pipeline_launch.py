@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from support import Proc, cli, wait_until
 
 THREE_NODES = '''

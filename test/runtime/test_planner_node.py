@@ -17,7 +17,6 @@ import time
 import uuid
 
 import pytest
-
 from support import Proc, wait_until
 
 PLAN_SRV, PROFILE_SRV, PLAN_MSG = "edge_llm_ros/srv/Plan", "edge_llm_ros/srv/Profile", "edge_llm_ros/msg/Plan"
@@ -29,9 +28,9 @@ TREE = {"depth": 4, "branch": 2, "expand": 2, "width": 7}
 
 def write_plan(path, model=None):
     """A saved device plan with measurements (as planner_node or plan --device writes one)."""
-    from edge_llm_ros.core import default_model_path
-    from edge_llm_ros.core.device_plan import plan_record, save_plan
-    from edge_llm_ros.core.planner import Measurements, choose
+    from edge_llm_ros.core.engine.models import default_model_path
+    from edge_llm_ros.core.planning.device_plan import plan_record, save_plan
+    from edge_llm_ros.core.planning.planner import Measurements, choose
 
     record = {"row_costs_ms": {"torch": {str(n): c for n, c in TORCH.items()},
                                "llama.cpp": {str(n): c for n, c in LLAMA.items()}},
@@ -90,7 +89,7 @@ def late_plan(probe, topic: str, timeout: float = 10.0):
 
 
 def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe, tmp_path, monkeypatch):
-    from edge_llm_ros.core.device_plan import PLAN_ENV
+    from edge_llm_ros.core.planning.device_plan import PLAN_ENV
 
     path = write_plan(tmp_path / "plan.json")
     monkeypatch.setenv(PLAN_ENV, str(path))  # plan_file '' = the default path
@@ -140,9 +139,9 @@ PROFILE = {"rows": [1, 8, 64], "cached": [0, 512], "layer_s": [[1e-3, 1.2e-3], [
 def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_budget(planner, probe, tmp_path):
     """deployment pipeline: this machine's two cores from the layer profile saved next to plan_file (nothing
     measured), the stages covering SmolLM2's 30 layers, every mode predicted; too little memory is refused by name."""
-    from edge_llm_ros.core.models import weights_folder
-    from edge_llm_ros.core.pipeline_plan import save_profile
-    from edge_llm_ros.core.pipesim import LayerProfile
+    from edge_llm_ros.core.engine.models import weights_folder
+    from edge_llm_ros.core.planning.costs import LayerProfile
+    from edge_llm_ros.core.planning.pipeline_plan import save_profile
 
     save_profile(tmp_path / "layer_profile.json", LayerProfile(**PROFILE), weights_folder())
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", prompt_len=100)
@@ -236,8 +235,8 @@ def test_calibration_without_a_plan_saves_one_publishes_it_and_profile_measures(
                                                                                tmp_path):
     """A real planner_node process with no plan: it calibrates (FAST), saves and publishes the plan; a late
     subscriber gets it, `plan` answers from it, `profile` measures the device."""
-    from edge_llm_ros.core import default_model_path
-    from edge_llm_ros.core.device_plan import load_plan
+    from edge_llm_ros.core.engine.models import default_model_path
+    from edge_llm_ros.core.planning.device_plan import load_plan
 
     path, ns = tmp_path / "plan.json", f"/planner_{uuid.uuid4().hex[:8]}"
     proc = Proc([sys.executable, "-m", "edge_llm_ros.nodes.planner_node", "--ros-args", "-r", f"__ns:={ns}",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support import Proc, wait_until
+
 from edge_llm_ros.runtime.interfaces import registry
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from support import REPO, Proc, assert_loopback_only, generate_cli, wait_until
 
 pytestmark = pytest.mark.slow  # builds, launches and model processes

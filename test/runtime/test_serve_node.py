@@ -19,7 +19,6 @@ import sys
 import threading
 
 import pytest
-
 from hosts import BACKENDS, host_for
 from support import REPO, Proc, cli, generate_cli, stamped_now, wait_until
 
@@ -50,8 +49,10 @@ def no_plan(tmp_path_factory):
 @pytest.fixture(scope="module")
 def solo():
     """solo(prompt, n): the engine's greedy output alone on llama.cpp (token ids)."""
-    from edge_llm_ros.core import chat_prompt, generate_all, preset
-    from edge_llm_ros.core.llama_backend import load_llama_cpp
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.engine.decoding import generate_all
+    from edge_llm_ros.core.engine.llama_backend import load_llama_cpp
+    from edge_llm_ros.core.engine.models import chat_prompt
 
     lm = load_llama_cpp(n_ctx=CONTEXT, n_threads=1)
     done: dict = {}

@@ -1,13 +1,13 @@
 """sim_node through real processes (issue 15), on both runtimes (the embedded one and rclpy):
 
 - camera frames arrive on /camera/image_raw at the configured rate, rgb8, of the configured size,
-  stamped, frame `camera`, and the frame at the start pose is core.nav.camera's render byte for byte;
+  stamped, frame `camera`, and the frame at the start pose is nav.camera's render byte for byte;
 - a Twist on /cmd_vel moves /odom along the heading and turns it; when commands stop coming the
   robot stops (cmd_timeout_s);
 - driving into a wall stops the robot before it and logs the collision;
 - the world is latched on /sim/world (the same as the YAML file), the markers on /sim/markers;
   /tf carries odom -> base_link where tf2_msgs exists, else the node says it does not publish it;
-- a seed on /sim/reset draws that world (core.nav.worldgen) and puts the robot at its start;
+- a seed on /sim/reset draws that world (nav.worldgen) and puts the robot at its start;
 - bad parameters and a bad world file exit with code 2 naming the parameter or the field.
 """
 
@@ -21,7 +21,6 @@ import time
 import numpy as np
 import pytest
 import yaml
-
 from hosts import BACKENDS, host_for, latched
 from support import REPO, Proc, stamped_now, wait_until
 
@@ -130,8 +129,8 @@ def sim(request, router_endpoint):
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_frames_arrive_at_the_rate_in_rgb8_and_show_the_core_render(sim):
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.world import World
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.world import World
 
     proc, probe = sim
     world = World.from_yaml(WORLD)
@@ -155,7 +154,7 @@ def test_frames_arrive_at_the_rate_in_rgb8_and_show_the_core_render(sim):
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_a_twist_moves_odom_and_the_robot_stops_when_commands_stop(sim):
-    from edge_llm_ros.core.nav.world import World
+    from edge_llm_ros.nav.world import World
 
     proc, probe = sim
     start = World.from_yaml(WORLD).start  # (2.2, 1.6) facing +y, open ahead
@@ -176,7 +175,7 @@ def test_a_twist_moves_odom_and_the_robot_stops_when_commands_stop(sim):
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_driving_into_a_wall_stops_before_it_and_is_logged(sim):
-    from edge_llm_ros.core.nav.world import ROBOT_RADIUS, World
+    from edge_llm_ros.nav.world import ROBOT_RADIUS, World
 
     proc, probe = sim
     start = World.from_yaml(WORLD).start  # 1.6 m north of the south wall
@@ -190,7 +189,7 @@ def test_driving_into_a_wall_stops_before_it_and_is_logged(sim):
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_the_world_markers_and_tf_are_published(sim):
-    from edge_llm_ros.core.nav.world import World
+    from edge_llm_ros.nav.world import World
 
     proc, probe = sim
     world = World.from_yaml(WORLD)
@@ -218,8 +217,8 @@ def test_the_world_markers_and_tf_are_published(sim):
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)
 def test_a_reset_to_a_seed_draws_that_world(sim):
-    from edge_llm_ros.core.nav.world import World
-    from edge_llm_ros.core.nav.worldgen import GenerateConfig, generate
+    from edge_llm_ros.nav.world import World
+    from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     proc, probe = sim
     drawn = generate(7, GenerateConfig(clear_path=True))  # the default: clear_path true

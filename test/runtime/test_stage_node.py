@@ -21,7 +21,6 @@ import threading
 
 import pytest
 import torch
-
 from hosts import host_for
 from support import REPO, Proc, cli, stamped_now, wait_until
 
@@ -43,7 +42,7 @@ def stage_cmd(*params: str, name: str = "stage_node") -> list[str]:
 
 def prompt_rows(request_id: str, ids: list[int], start: int = 0, step: int = 0):
     """Rows of token ids at positions start.. after ``start`` committed ones (causal: no mask)."""
-    from edge_llm_ros.core.stages import Rows
+    from edge_llm_ros.core.pipeline.stages import Rows
 
     return Rows(request_id, step, start, 0, torch.arange(start, start + len(ids)), torch.tensor(ids))
 
@@ -68,7 +67,7 @@ class Scheduler:
             self.arrived.notify_all()
 
     def send(self, rows, stage: int = 0) -> None:
-        from edge_llm_ros.core.stages import StageMessage
+        from edge_llm_ros.nodes.wire import StageMessage
 
         self.inputs[stage].publish(self.HiddenStates(**StageMessage.from_rows(rows, stage).fields()))
 
@@ -84,7 +83,7 @@ class Scheduler:
 
     def tokens(self, request_id: str, round: int) -> list[int]:
         """The target's greedy token for each row of a round (the answer must not be an error)."""
-        from edge_llm_ros.core.stages import StageMessage
+        from edge_llm_ros.nodes.wire import StageMessage
 
         msg = self.answer(request_id, round)
         assert not getattr(msg, "error", ""), msg.error
@@ -108,7 +107,9 @@ def processes(router_endpoint, request):
 def prompt_and_expected(processes):
     """The chat prompt's ids and the engine's `ar` tokens on the whole model, computed here while the
     stages load."""
-    from edge_llm_ros.core import chat_prompt, generate_all, load_model, preset
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.engine.decoding import generate_all
+    from edge_llm_ros.core.engine.models import chat_prompt, load_model
 
     torch.set_num_threads(1)
     target = load_model()
@@ -148,7 +149,7 @@ def test_greedy_through_two_uneven_stage_processes_equals_ar(scheduler, prompt_a
 
 
 def test_malformed_rows_are_answered_naming_the_stage_and_field(scheduler, processes, prompt_and_expected):
-    from edge_llm_ros.core.stages import Rows
+    from edge_llm_ros.core.pipeline.stages import Rows
 
     scheduler.send(Rows("bad", 3, 0, 0, torch.arange(3), torch.zeros(3, 16)), stage=1)
     answer = scheduler.answer("bad", 3)

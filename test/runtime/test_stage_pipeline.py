@@ -17,7 +17,6 @@ import sys
 import time
 
 import pytest
-
 from hosts import host_for
 from support import Proc, cli, wait_until
 
@@ -35,7 +34,9 @@ STATUS_SUCCEEDED, STATUS_ABORTED = 4, 6
 def expected():
     import torch
 
-    from edge_llm_ros.core import chat_prompt, generate_all, load_model, preset
+    from edge_llm_ros.core.engine.config import preset
+    from edge_llm_ros.core.engine.decoding import generate_all
+    from edge_llm_ros.core.engine.models import chat_prompt, load_model
 
     torch.set_num_threads(1)
     target = load_model()

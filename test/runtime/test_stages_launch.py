@@ -13,7 +13,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from support import assert_loopback_only, generate_cli
 from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     STATUS_SUCCEEDED,
@@ -43,7 +42,7 @@ DEVICES = """devices:
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory, launch_env):
     """The plan `edge-llm-ros plan --pipeline` writes for two devices (no device plan: τ assumed)."""
-    from edge_llm_ros.core.pipeline_plan import PipelinePlan
+    from edge_llm_ros.core.planning.pipeline_plan import PipelinePlan
 
     folder = tmp_path_factory.mktemp("pipeline_plan")
     (folder / "devices.yaml").write_text(DEVICES)
@@ -67,10 +66,9 @@ def stages(plan, launch_env, outer_env, io, proc_info, transitions):
 
 def parameters(node, fqn: str, names: list[str]) -> list:
     """``names`` of node ``fqn`` through its get_parameters service (rcl_interfaces), as Python values."""
+    from hosts import Waitable
     from rcl_interfaces.srv import GetParameters
     from rclpy.parameter import parameter_value_to_python
-
-    from hosts import Waitable
 
     service = node.create_client(GetParameters, f"{fqn}/get_parameters")
     try:

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from edge_llm_ros.core import GenerationConfig
-from edge_llm_ros.core.decoding import generate_all
-from edge_llm_ros.core.drafters import ModelDrafter
-from edge_llm_ros.core.nav.actions import parse, parse_or_stop
-from edge_llm_ros.core.nav.navigator import Navigator, answer_grammar
-from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
-from edge_llm_ros.core.vision_lm import load_vision_lm, save_tiny_vlm
+from edge_llm_ros.core.engine.config import GenerationConfig
+from edge_llm_ros.core.engine.decoding import generate_all
+from edge_llm_ros.core.engine.drafters import ModelDrafter
+from edge_llm_ros.core.engine.vision_lm import load_vision_lm, save_tiny_vlm
+from edge_llm_ros.nav.actions import parse, parse_or_stop
+from edge_llm_ros.nav.navigator import Navigator, answer_grammar
+from edge_llm_ros.nav.qwen_vl import QwenImageSize, QwenVL
 
 pytestmark = pytest.mark.vlm
 INSTRUCTION = "go to the red chair"
@@ -39,9 +39,9 @@ def vlm(checkpoints):
 
 @pytest.fixture(scope="module")
 def frames():
-    from edge_llm_ros.core.nav.camera import Camera
-    from edge_llm_ros.core.nav.world import Pose
-    from edge_llm_ros.core.nav.worldgen import generate
+    from edge_llm_ros.nav.camera import Camera
+    from edge_llm_ros.nav.world import Pose
+    from edge_llm_ros.nav.worldgen import generate
 
     world, camera = generate(3), Camera()
     start = world.start
@@ -135,7 +135,7 @@ def test_over_edge_cloud_every_mode_gives_the_one_device_answer(vlm, frames, mod
     """The robot holds the draft and sends the resized frame; the verifier serves the target as
     task nav (nav_task over the same QwenVL) and conditions it on that frame."""
     from edge_llm_ros.core.edge_cloud import EarlyExitDrafter, EarlyExitVerifier, edge_cloud_rounds
-    from edge_llm_ros.core.nav.navigator import NAV_TASK, EdgeCloudNavigator, nav_task
+    from edge_llm_ros.nav.navigator import NAV_TASK, EdgeCloudNavigator, nav_task
 
     adapter, target, draft = vlm
     verifier = EarlyExitVerifier(target, None, tasks={NAV_TASK: nav_task(adapter, target)},
@@ -161,7 +161,7 @@ def test_over_edge_cloud_every_mode_gives_the_one_device_answer(vlm, frames, mod
 
 def test_the_verifier_refuses_an_image_of_another_size_naming_it(vlm):
     from edge_llm_ros.core.edge_cloud import DraftError, EarlyExitVerifier
-    from edge_llm_ros.core.nav.navigator import NAV_TASK, nav_task
+    from edge_llm_ros.nav.navigator import NAV_TASK, nav_task
 
     adapter, target, _ = vlm
     verifier = EarlyExitVerifier(target, None, tasks={NAV_TASK: nav_task(adapter, target)})

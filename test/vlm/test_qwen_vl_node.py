@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from hosts import host_for
 from support import Proc, wait_until
 
@@ -19,7 +18,7 @@ INSTRUCTION = "go to the red chair"
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from edge_llm_ros.core.vision_lm import save_tiny_vlm
+    from edge_llm_ros.core.engine.vision_lm import save_tiny_vlm
 
     root = tmp_path_factory.mktemp("qwen2_vl")
     return save_tiny_vlm(root / "target", layers=2, seed=1), save_tiny_vlm(root / "draft", layers=1, seed=2)
@@ -29,8 +28,8 @@ class Operator:
     """A probe that shows the navigator world 3's start and sends the instruction."""
 
     def __init__(self, host) -> None:
-        from edge_llm_ros.core.nav.camera import Camera
-        from edge_llm_ros.core.nav.worldgen import generate
+        from edge_llm_ros.nav.camera import Camera
+        from edge_llm_ros.nav.worldgen import generate
 
         self.probe = host.Node("qwen_navigator_probe")
         self.actions = []
@@ -59,9 +58,9 @@ class Operator:
         return line, next(a for a in self.actions if a.raw_text)
 
     def one_device_answer(self, target: str):
-        from edge_llm_ros.core import GenerationConfig
-        from edge_llm_ros.core.nav.navigator import MAX_ANSWER_TOKENS, Navigator
-        from edge_llm_ros.core.nav.qwen_vl import QwenImageSize, QwenVL
+        from edge_llm_ros.core.engine.config import GenerationConfig
+        from edge_llm_ros.nav.navigator import MAX_ANSWER_TOKENS, Navigator
+        from edge_llm_ros.nav.qwen_vl import QwenImageSize, QwenVL
 
         vlm, target_lm, _ = QwenVL.load(target, size=QwenImageSize(84, 112))
         config = GenerationConfig(mode="ar", max_new_tokens=MAX_ANSWER_TOKENS)

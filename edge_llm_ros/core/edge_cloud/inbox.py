@@ -12,6 +12,8 @@ one robot's traffic from costing another robot its request:
 
 :meth:`DraftInbox.get` serves the live lane first, but takes one item of the new lane after every
 ``fairness`` live items, so a long cloud generation cannot starve a newcomer either.
+
+Knows nothing about ROS.
 """
 
 from __future__ import annotations

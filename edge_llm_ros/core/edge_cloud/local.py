@@ -1,6 +1,6 @@
 """Both halves in one process: with a pluggable downlink and the server inline (tests, the bench's
 references), or with the server on its own thread behind emulated links both ways (the nav bench's
-edge-cloud decisions: two nodes' timing, in one process)."""
+edge-cloud decisions: two nodes' timing, in one process). Knows nothing about ROS."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config import GenerationConfig
+from ..engine.config import GenerationConfig
 from .records import DraftRequest, SpeculationMissed, VerifyOutcome
 from .robot import EarlyExitDrafter, EdgeCloudStats, FinalStep, robot_rounds
 from .server import EarlyExitVerifier
@@ -130,7 +130,7 @@ def linked_rounds(
     verifies what has arrived in order while the robot goes on drafting, and every outcome crosses
     ``downlink`` (early ones are pre-drafted from on arrival). A verification that fails ends the
     request with its error; none within ``timeout_s`` raises TimeoutError."""
-    from .sim import draft_bytes, outcome_bytes
+    from .records import draft_bytes, outcome_bytes
 
     inbox: queue.Queue = queue.Queue()  # finals and failures, for the robot
     arrived: queue.Queue = queue.Queue()  # drafts off the uplink, for the server; None ends it

@@ -1,5 +1,5 @@
 """The robot's pre-draft cache (EE Algorithm 1's Q_p and C): drafts made on worker threads from the
-contexts early outcomes hypothesise, served when the final outcome confirms one."""
+contexts early outcomes hypothesise, served when the final outcome confirms one. Knows nothing about ROS."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..decoding import draft_step
-from ..drafters import Drafter, TreeSpec
-from ..sampling import Sampler, make_generator
-from ..tree import TokenTree
+from ..engine.decoding import draft_step
+from ..engine.drafters import Drafter, TreeSpec
+from ..engine.sampling import Sampler, make_generator
+from ..engine.tree import TokenTree
 
 CacheKey = tuple[str, int, tuple[int, ...]]  # (request id, round r, hypothesised context after r)
 

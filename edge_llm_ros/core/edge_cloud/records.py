@@ -5,6 +5,8 @@ fields; every check on a received draft that needs no request state lives here.
 
     DraftRequest   <->  msg/DraftTree.msg      robot -> server, one per round
     VerifyOutcome  <->  msg/VerifyResult.msg   server -> robot, early outcomes then the final one
+
+Knows nothing about ROS.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import GenerationConfig
-from ..tree import TokenTree
+from ..engine.config import GenerationConfig
+from ..engine.tree import TokenTree
 
 ROW_SUM_TOLERANCE = 1e-3  # |sum(top-k row) - 1| allowed (float32 rows of a softmax)
 MAX_TOPK = 4096  # largest proposal support DraftRequest.from_tree will put on the wire
@@ -24,7 +26,7 @@ PROPOSAL_TOP_K = 64  # a sampled draft's proposal support: 64 ids + probs per no
 MAX_REQUEST_ID = 128  # characters; a request id is a key the verifier holds, so it is bounded
 MAX_TASK = 64  # characters of a task name
 MAX_IMAGE_FEATURES = 1 << 20  # values of one round-0 image (the nav adapter sends 8 x 64; a Qwen VLM the
-#                              resized frame, 336 x 252 x 3 by default: core/nav/qwen_vl.py)
+#                              resized frame, 336 x 252 x 3 by default: nav/qwen_vl.py)
 
 
 class DraftError(ValueError):
@@ -310,3 +312,27 @@ class VerifyOutcome:
         return cls(request_id, round, True, 0, 0.0, [], [], -1, [], str(error) or type(error).__name__)
 
 
+# -- wire sizes: what a record weighs as its message (the emulated and simulated links send these) ------
+
+HEADER_BYTES = 20  # CDR encapsulation + std_msgs/Header (stamp, empty frame_id)
+
+
+def _string_bytes(text: str) -> int:
+    return 4 + len(text.encode()) + 1
+
+
+def draft_bytes(draft: DraftRequest) -> int:
+    """DraftTree.msg's payload: 4 bytes per 32-bit scalar (7), 8 for the seed, 1 per bool (2),
+    4 + 4 n per array (8: context, tokens, parents, probs, top-k ids and probs, assumed, image
+    features), two strings (request id, task); no padding."""
+    entries = (len(draft.context_ids) + 3 * len(draft.token_ids) + 2 * len(draft.topk_ids) + len(draft.assumed_ids)
+               + len(draft.image_features))
+    return (HEADER_BYTES + _string_bytes(draft.request_id) + _string_bytes(draft.task) + 7 * 4 + 8 + 2 + 8 * 4
+            + 4 * entries)
+
+
+def outcome_bytes(outcome: VerifyOutcome) -> int:
+    """VerifyResult.msg's payload: 5 32-bit scalars, a bool, 3 arrays, 2 strings (as draft_bytes)."""
+    entries = len(outcome.accepted_nodes) + len(outcome.accepted_ids) + len(outcome.probs)
+    return (HEADER_BYTES + _string_bytes(outcome.request_id) + _string_bytes(outcome.error) + 5 * 4 + 1 + 3 * 4
+            + 4 * entries)

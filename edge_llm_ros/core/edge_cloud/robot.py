@@ -1,6 +1,6 @@
 """The robot side (EE Algorithm 1): request state, pre-drafting from early outcomes, the next draft
 on each final outcome. Every received outcome is checked against the draft it answers; stale,
-duplicated and malformed ones are ignored and counted, never applied."""
+duplicated and malformed ones are ignored and counted, never applied. Knows nothing about ROS."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..config import GenerationConfig, mean_tau
-from ..constraint import TokenGrammar
-from ..decoding import StopStrings, eos_ids, finish_reason
-from ..drafters import Drafter, TreeSpec
-from ..sampling import Sampler
-from ..tree import TokenTree
+from ..engine.config import GenerationConfig, mean_tau
+from ..engine.constraint import TokenGrammar
+from ..engine.decoding import StopStrings, eos_ids, finish_reason
+from ..engine.drafters import Drafter, TreeSpec
+from ..engine.sampling import Sampler
+from ..engine.tree import TokenTree
 from .predraft import CacheKey, PreDraft, PreDraftCache
 from .records import MAX_TOPK, PROPOSAL_TOP_K, DraftRejectedError, DraftRequest, RequestLimitError, VerifyOutcome
 

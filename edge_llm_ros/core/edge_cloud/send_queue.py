@@ -1,4 +1,7 @@
-"""What waits for the server's link: EE Algorithm 2's queue Q_e, finals first, then the most confident."""
+"""What waits for the server's link: EE Algorithm 2's queue Q_e, finals first, then the most confident.
+
+Knows nothing about ROS.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ each exit is reached, the final one last); it holds at most ``max_requests`` req
 evicts one to make room: a newcomer beyond that is refused as busy (:class:`RequestLimitError`).
 A request of a :class:`VerifierTask` (DraftRequest.task) is verified with that task's model,
 conditioned on the image its round 0 carries, and constrained to the task's grammar.
+
+Knows nothing about ROS.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..constraint import TokenGrammar, constrain
-from ..decoding import prefill, tree_allowed
-from ..exits import ExitSet
-from ..kv_cache import KVCache
-from ..models import TorchCausalLM, causal_mask
-from ..sampling import Sampler, make_generator
-from ..tree import TokenTree, Verification
-from ..verifier import verify, verify_greedy
+from ..drafts.exits import ExitSet
+from ..engine.constraint import TokenGrammar, constrain
+from ..engine.decoding import prefill, tree_allowed
+from ..engine.kv_cache import KVCache
+from ..engine.models import TorchCausalLM, causal_mask
+from ..engine.sampling import Sampler, make_generator
+from ..engine.tree import TokenTree, Verification
+from ..engine.verifier import verify, verify_greedy
 from .records import DraftError, DraftRequest, RequestLimitError, SpeculationMissed, VerifyOutcome, _check_ids, _ints
 
 

@@ -1,4 +1,4 @@
-"""EE Appendix B: the speedup of fast SD over vanilla SD that the miss rate allows."""
+"""EE Appendix B: the speedup of fast SD over vanilla SD that the miss rate allows. Knows nothing about ROS."""
 
 from __future__ import annotations
 

@@ -53,12 +53,30 @@ supervisor.py runs it (Launcher), command.py is the command line.
 
 from __future__ import annotations
 
-from .command import build_parser, main
-from .plan import (
-    NODES_PACKAGE, PACKAGE, LaunchError, LaunchPlan, NodeSpec, apply_launch_args, check_executables, find_config,
-    find_launch_file, load_plan, plan_from_params_file, read_launch_file, search_roots,
+from edge_llm_ros.runtime.launcher.command import build_parser, main
+from edge_llm_ros.runtime.launcher.plan import (
+    NODES_PACKAGE,
+    PACKAGE,
+    LaunchError,
+    LaunchPlan,
+    NodeSpec,
+    apply_launch_args,
+    check_executables,
+    find_config,
+    find_launch_file,
+    load_plan,
+    plan_from_params_file,
+    read_launch_file,
+    search_roots,
 )
-from .supervisor import ROUTER_CHECK_S, ROUTER_MISSES, ROUTER_NAME, ROUTER_TIMEOUT_S, Launcher, run_launch
+from edge_llm_ros.runtime.launcher.supervisor import (
+    ROUTER_CHECK_S,
+    ROUTER_MISSES,
+    ROUTER_NAME,
+    ROUTER_TIMEOUT_S,
+    Launcher,
+    run_launch,
+)
 
 __all__ = [
     "PACKAGE", "NODES_PACKAGE", "LaunchError", "NodeSpec", "LaunchPlan", "search_roots", "read_launch_file",

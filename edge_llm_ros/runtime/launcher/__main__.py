@@ -1,5 +1,5 @@
 """`python -m edge_llm_ros.runtime.launcher ...`: the same as `edge-llm-ros launch ...`."""
 
-from .command import main
+from edge_llm_ros.runtime.launcher.command import main
 
 raise SystemExit(main())

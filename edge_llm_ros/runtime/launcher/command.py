@@ -6,10 +6,17 @@ import argparse
 import re
 import sys
 
-from ..params import ParamsError, format_param_value
-from ..router import ENDPOINT_ENV, router_endpoint
-from .plan import LaunchError, LaunchPlan, _one_line, apply_launch_args, check_executables, load_plan
-from .supervisor import Launcher
+from edge_llm_ros.runtime.launcher.plan import (
+    LaunchError,
+    LaunchPlan,
+    _one_line,
+    apply_launch_args,
+    check_executables,
+    load_plan,
+)
+from edge_llm_ros.runtime.launcher.supervisor import Launcher
+from edge_llm_ros.runtime.params import ParamsError, format_param_value
+from edge_llm_ros.runtime.router import ENDPOINT_ENV, router_endpoint
 
 _ENDPOINT = re.compile(r"tcp/(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):\d{1,5}")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..params import format_param_value, list_nodes, load_params_files, node_fqn, parse_param_value
+from edge_llm_ros.runtime.params import format_param_value, list_nodes, load_params_files, node_fqn, parse_param_value
 
 PACKAGE = "edge_llm_ros"
 NODES_PACKAGE = f"{PACKAGE}.nodes"

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..router import ENDPOINT_ENV, router_endpoint, router_reachable
-from .plan import PACKAGE, LaunchPlan, NodeSpec, search_roots
+from edge_llm_ros.runtime.launcher.plan import PACKAGE, LaunchPlan, NodeSpec, search_roots
+from edge_llm_ros.runtime.router import ENDPOINT_ENV, router_endpoint, router_reachable
 
 ROUTER_NAME = "zenoh_router"
 ROUTER_TIMEOUT_S = 10.0
