@@ -49,19 +49,17 @@ import uuid
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
+from edge_llm_ros.errors import Inactive, RequestError, Status, status_of
 from edge_llm_ros.nodes.common import goal_overrides, run_node, stamp
-from edge_llm_ros.nodes.edge_link import VerifierLink, VerifierTimeout
+from edge_llm_ros.nodes.edge_link import VerifierLink
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
 
 
 def request_errors() -> tuple[type[Exception], ...]:
     """What ends one request with an error (the node goes on): no verifier, a rejected draft, a failed
-    or gone stage, a bad prompt or goal, too many requests."""
-    from edge_llm_ros.core.edge_cloud import DraftRejectedError, RequestLimitError
-    from edge_llm_ros.nodes.stage_client import StageFailed
-
-    return VerifierTimeout, DraftRejectedError, RequestLimitError, StageFailed, ValueError
+    or gone stage, too many requests (RequestErrors), a bad prompt or goal (ValueError)."""
+    return RequestError, ValueError
 
 
 @dataclass
@@ -144,6 +142,7 @@ class DraftNode(ManagedNode):
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
         self.Generate = rt.action("edge_llm_ros/action/Generate")
+        self.RequestStatus = rt.message("edge_llm_ros/msg/RequestStatus")
         self.link = VerifierLink(self, p.timeout_s)  # draft -> verifier -> verify, and prune
         self.response_pub = self.create_publisher(self.TokenChunk, "response", 100)
         self.stats_pub = self.create_publisher(self.Stats, "stats", 10)
@@ -213,7 +212,8 @@ class DraftNode(ManagedNode):
         if not self.slots.acquire(blocking=False):
             self.response_pub.publish(stamp(self, self.TokenChunk(
                 request_id=uuid.uuid4().hex[:12], done=True, finish_reason="error",
-                error=f"busy: max_requests={self.params.max_requests} running")))
+                error=f"busy: max_requests={self.params.max_requests} running",
+                status=self.RequestStatus(code=Status.BUSY))))
             return
         threading.Thread(target=self.answer, args=(msg.data,), daemon=True, name="instruction").start()
 
@@ -227,7 +227,7 @@ class DraftNode(ManagedNode):
         from edge_llm_ros.core.pipeline.schedulers import PIPELINE_MODES
 
         if refusal := self.refusal():
-            raise ValueError(refusal)
+            raise Inactive(refusal)
         p = self.params
         mode = (goal.mode if goal is not None else "") or p.mode
         modes = PIPELINE_MODES if self.stages is not None else EDGE_MODES
@@ -262,7 +262,7 @@ class DraftNode(ManagedNode):
             yield from self.stream_stages(prompt, mode, config, finished)
             return
         if self.drafter is None:
-            raise ValueError(self.refusal() or "not configured")
+            raise Inactive(self.refusal() or "not configured")
         rid, decoder = uuid.uuid4().hex[:12], IncrementalDecoder(self.tokenizer)
         _, early_exits, send_ahead = EDGE_MODES[mode]
         started, ended = time.monotonic(), []
@@ -290,7 +290,7 @@ class DraftNode(ManagedNode):
         from edge_llm_ros.core.planning.costs import TimedDrafter
 
         if self.stage_drafter is None:
-            raise ValueError(self.refusal() or "not configured")
+            raise Inactive(self.refusal() or "not configured")
         rid, started, p = uuid.uuid4().hex[:12], time.monotonic(), self.params
         eos = eos_ids(self, config)
         # D0's draft cost as it runs here (bench --scenario pipeline fits the simulator's to it): with one
@@ -402,12 +402,14 @@ class DraftNode(ManagedNode):
         except request_errors() as exc:
             self.get_logger().error(f"generate: {exc}")
             goal_handle.abort()
-            return Result(text=text, token_ids=finished.tokens, finish_reason=f"error: {exc}")
+            return Result(text=text, token_ids=finished.tokens, finish_reason=f"error: {exc}",
+                          status=self.RequestStatus(code=status_of(exc)))
         if finished.reason == "cancelled":
             goal_handle.canceled()
         else:
             goal_handle.succeed()
         return Result(text=text, token_ids=finished.tokens, finish_reason=finished.reason,
+                      status=self.RequestStatus(code=Status.CANCELLED if finished.reason == "cancelled" else Status.OK),
                       stats=self.stats_msg("", mode, [finished]))
 
     def answer(self, instruction: str) -> None:
@@ -429,8 +431,9 @@ class DraftNode(ManagedNode):
         except Exception as exc:  # every instruction gets its final chunk; the node goes on
             expected = isinstance(exc, request_errors())
             self.get_logger().error(f"instruction: {exc if expected else repr(exc)}")
-            self.response_pub.publish(stamp(self, self.TokenChunk(request_id=rid, round=round_ + 1, done=True,
-                                                                  finish_reason="error", error=str(exc) or repr(exc))))
+            self.response_pub.publish(stamp(self, self.TokenChunk(
+                request_id=rid, round=round_ + 1, done=True, finish_reason="error", error=str(exc) or repr(exc),
+                status=self.RequestStatus(code=status_of(exc)))))
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -444,6 +447,8 @@ class DraftNode(ManagedNode):
         hits, misses = sum(f.stats.hits for f in done), sum(f.stats.misses for f in done)
         layers = [layer for f in done for layer in f.stats.hit_layers]
         drafted = self.params.gamma * len(rounds) if mode in ("sd", "fsd", "ee") else 0
+        timed = [f.drafts.totals() for f in done if f.drafts is not None]
+        weight = sum(len(f.tokens) for f in done) or 1
         return stamp(self, self.Stats(
             node_name=self.get_name(), request_id=request_id, mode=mode, tokens=tokens,
             tokens_per_s=tokens / wall if wall > 0 else 0.0,
@@ -452,7 +457,12 @@ class DraftNode(ManagedNode):
             acceptance_rate=sum(rounds) / drafted if drafted else 0.0,
             draft_time_s=sum(f.stats.critical_draft_s for f in done), verify_time_s=sum(f.stats.verify_s for f in done),
             cache_miss_rate=misses / (hits + misses) if hits + misses else 0.0,
-            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.link.inboxes)))
+            avg_exit_layer=sum(layers) / len(layers) if layers else 0.0, active_requests=len(self.link.inboxes),
+            alt=sum(getattr(f.stats, "alt", 0.0) * len(f.tokens) for f in done) / weight,
+            alr=sum(getattr(f.stats, "alr", 0.0) * len(f.tokens) for f in done) / weight,
+            drafts=sum(t[0] for t in timed), draft_forwards=sum(t[1] for t in timed),
+            draft_time_is_cpu=any(f.drafts.clock is time.thread_time for f in done if f.drafts is not None),
+            ignored_results=sum(sum(f.stats.ignored.values()) for f in done)))
 
     def end_request(self, request_id: str, mode: str, config, finished: Finished) -> None:
         """Publish the request's stats; log what it ignored (stale, duplicate, invalid outcomes)."""

@@ -21,13 +21,18 @@ import queue
 import time
 
 from edge_llm_ros import runtime as rt
+from edge_llm_ros.errors import PeerGone, PeerTimeout
 from edge_llm_ros.nodes.common import MatchGate, from_message, stamp, to_message
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
 
 
-class VerifierTimeout(TimeoutError):
-    """No final VerifyResult within timeout_s, or no verifier any more."""
+class VerifierTimeout(PeerTimeout):
+    """No final VerifyResult within timeout_s."""
+
+
+class VerifierGone(PeerGone):
+    """No verifier subscribes to `draft` any more."""
 
 
 def await_answer(inbox: queue.Queue, timeout_s: float, gone, timed_out, vanished, idle=None):
@@ -145,5 +150,5 @@ class VerifierLink:
             inbox, self.timeout_s, lambda: topic if self.node.count_subscribers("draft") == 0 else "",
             lambda: VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
                                     f"tokens): is verifier_node running and subscribed to {topic}?"),
-            lambda who: VerifierTimeout(f"verifier gone: nothing subscribes to {who} any more (verifier_node died "
+            lambda who: VerifierGone(f"verifier gone: nothing subscribes to {who} any more (verifier_node died "
                                         f"or is restarting; {tokens} token(s) committed)"), idle)

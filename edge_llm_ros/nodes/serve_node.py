@@ -46,6 +46,7 @@ import time
 import uuid
 
 from edge_llm_ros import runtime as rt
+from edge_llm_ros.errors import Inactive, Status, status_of
 from edge_llm_ros.nodes.common import goal_overrides, latched_qos, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import on_change, param
@@ -117,6 +118,7 @@ class ServeNode(ManagedNode):
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
         self.Generate = rt.action("edge_llm_ros/action/Generate")
+        self.RequestStatus = rt.message("edge_llm_ros/msg/RequestStatus")
         self.serving: Serving | None = None  # while configured
         self.plan_sub = None  # while configured: a plan arriving before the model is loaded waits for configure
         self.response_pub = self.create_publisher(self.TokenChunk, "response", 100)
@@ -267,12 +269,12 @@ class ServeNode(ManagedNode):
     def submit(self, text: str, goal=None, request_id: str | None = None, listener=None):
         """Start a request on what runs now: its Stream; ValueError (not active, bad goal or prompt) or BusyError."""
         if refusal := self.refusal():
-            raise ValueError(refusal)
+            raise Inactive(refusal)
         ids = self.prompt_ids(text)
         with self.swap:
             serving = self.serving
             if serving is None:
-                raise ValueError(self.refusal() or "not configured")
+                raise Inactive(self.refusal() or "not configured")
             return serving.server.submit(ids, self.config_for(serving, goal), request_id, listener)
 
     def config_for(self, serving: Serving, goal=None):
@@ -341,7 +343,7 @@ class ServeNode(ManagedNode):
         except (ValueError, RuntimeError) as exc:  # a bad goal; BusyError; a server being replaced
             self.get_logger().error(f"generate: {exc}")
             goal_handle.abort()
-            return Result(finish_reason=f"error: {exc}")
+            return Result(finish_reason=f"error: {exc}", status=self.RequestStatus(code=status_of(exc)))
         absent, check_at = 0, time.monotonic() + self.params.client_check_s
         try:
             while not stream.wait(CANCEL_POLL_S):
@@ -355,16 +357,17 @@ class ServeNode(ManagedNode):
                         stream.cancel()
         finally:
             self.end_request(stream)
-        reason = stream.stats.finish_reason
+        reason, status = stream.stats.finish_reason, Status.OK
         if reason == "cancelled":
             goal_handle.canceled()
+            status = Status.CANCELLED
         elif reason == "error":
             goal_handle.abort()
-            reason = f"error: {stream.error}"
+            reason, status = f"error: {stream.error}", Status.FAILED
         else:
             goal_handle.succeed()
         return Result(text="".join(text), token_ids=stream.tokens, finish_reason=reason,
-                      stats=self.stats_msg([stream], stream.request_id))
+                      status=self.RequestStatus(code=status), stats=self.stats_msg([stream], stream.request_id))
 
     def feedback_listeners(self) -> int:
         """Subscribers to the action's feedback. One graph query answers every goal that checks within
@@ -385,7 +388,7 @@ class ServeNode(ManagedNode):
             self.log_busy("instruction refused")
             self.publish_chunk(rid, 0, done=True, finish_reason="error",
                                error=f"busy: {self.params.max_requests} running and {self.params.max_pending} waiting "
-                                     "(max_requests, max_pending)")
+                                     "(max_requests, max_pending)", status=self.RequestStatus(code=Status.BUSY))
             return
         decoder = None
 
@@ -395,8 +398,10 @@ class ServeNode(ManagedNode):
                                    text="".join(decoder.push(t) for t in tokens))
                 return
             try:
+                reason = stream.stats.finish_reason
+                code = {"cancelled": Status.CANCELLED, "error": Status.FAILED}.get(reason, Status.OK)
                 self.publish_chunk(rid, len(stream.tokens), text=decoder.finish(), done=True,
-                                   finish_reason=stream.stats.finish_reason, error=stream.error)
+                                   finish_reason=reason, error=stream.error, status=self.RequestStatus(code=code))
                 self.end_request(stream)
             finally:
                 self.slots.release()
@@ -406,7 +411,8 @@ class ServeNode(ManagedNode):
             self.submit(msg.data, request_id=rid, listener=relay)
         except (ValueError, RuntimeError) as exc:  # every instruction gets its final chunk; the node goes on
             self.get_logger().error(f"instruction: {exc}")
-            self.publish_chunk(rid, 0, done=True, finish_reason="error", error=str(exc))
+            self.publish_chunk(rid, 0, done=True, finish_reason="error", error=str(exc),
+                               status=self.RequestStatus(code=status_of(exc)))
             self.slots.release()
 
     def publish_chunk(self, request_id: str, round_: int, **fields) -> None:

@@ -20,12 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from edge_llm_ros import runtime as rt
+from edge_llm_ros.errors import PeerGone, PeerTimeout
 from edge_llm_ros.nodes.common import MatchGate, stamp
 from edge_llm_ros.nodes.edge_link import await_answer
 
 
-class StageFailed(RuntimeError):
-    """A stage refused the request's rows, is gone, or nothing answered in time."""
+class StageFailed(PeerGone):
+    """A stage refused the request's rows, answered with what is not an answer, or is gone."""
+
+
+class StageTimeout(PeerTimeout):
+    """Nothing answered within timeout_s."""
 
 
 class StageClient:
@@ -112,7 +117,7 @@ class StageClient:
         timeout_s, or once a stage has no subscriber."""
         return await_answer(
             inbox, self.timeout_s, self.gone,
-            lambda: StageFailed(f"no answer from the last stage within timeout_s={self.timeout_s:g} s ({tokens} "
+            lambda: StageTimeout(f"no answer from the last stage within timeout_s={self.timeout_s:g} s ({tokens} "
                                 f"token(s) committed): are {self.count} stage_node(s) running?"),
             lambda who: StageFailed(f"{who} gone: nothing subscribes to its input any more (it died or is "
                                     f"restarting; {tokens} token(s) committed)"))

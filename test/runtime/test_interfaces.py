@@ -229,3 +229,17 @@ def test_serialize_names_the_field_a_node_set_out_of_range():
     received.token_ids = [1, 2]
     with pytest.raises(InterfaceError, match=r"DraftTree.token_ids: expected a numpy array of int32, got \[1, 2\]"):
         reg.serialize(received)
+
+
+def test_request_status_codes_are_the_messages_constants():
+    """edge_llm_ros.errors.Status mirrors msg/RequestStatus.msg, name for name and value for value."""
+    from edge_llm_ros.errors import Status
+
+    msgdef = registry().msgdef("edge_llm_ros/msg/RequestStatus")
+    constants = {}
+    for line in msgdef.splitlines():
+        code = line.split("#")[0].split()
+        if len(code) == 2 and "=" in code[1]:
+            name, value = code[1].split("=")
+            constants[name] = int(value)
+    assert constants == {s.name: s.value for s in Status}

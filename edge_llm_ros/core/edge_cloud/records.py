@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edge_llm_ros.errors import Busy, PeerGone
+
 from ..engine.config import GenerationConfig
 from ..engine.tree import TokenTree
 
@@ -37,7 +39,7 @@ class DraftError(ValueError):
         self.field = field_name
 
 
-class RequestLimitError(RuntimeError):
+class RequestLimitError(Busy):
     """More concurrent requests than ``max_requests``."""
 
 
@@ -46,7 +48,7 @@ class SpeculationMissed(Exception):
     verifier drops it without an answer (the robot drafts that round again)."""
 
 
-class DraftRejectedError(RuntimeError):
+class DraftRejectedError(PeerGone):
     """The verifier answered a draft with an error (VerifyResult.error)."""
 
 

@@ -44,12 +44,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from edge_llm_ros.errors import Busy
+
 from .config import GenerationConfig, GenerationStats
 from .decoding import StopStrings, check_request, eos_ids, finish_reason, generate
 from .sampling import Sampler, make_generator
 
 
-class BusyError(RuntimeError):
+class BusyError(Busy):
     """The server is full: ``max_requests`` running and ``max_pending`` waiting."""
 
 
