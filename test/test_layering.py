@@ -40,6 +40,7 @@ ALLOWED = {
     "core": (),
     "nav": CORE,
     "runtime": (),
+    "errors": (),
     "client": ("runtime",),
     "nodes": (*CORE, "nav", "runtime", "client"),
     "tools": (*CORE_BELOW, "nav", "runtime", "client", "nodes", "demo"),
