@@ -362,6 +362,7 @@ def cmd_action_list(args: argparse.Namespace, s: Session) -> int:
 
 
 def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
+    from edge_llm_ros.runtime import goals
     from edge_llm_ros.runtime.actions import STATUS_NAMES, STATUS_SUCCEEDED, ActionClient
 
     spec = registry().action(args.type)
@@ -387,20 +388,15 @@ def cmd_action_send_goal(args: argparse.Namespace, s: Session) -> int:
             elif args.feedback:
                 print(f"Feedback:\n    {message_to_yaml(fb)}", flush=True)
 
-    try:
-        handle = client.send_goal_async(goal, on_feedback).result(args.timeout + 5)
+    try:  # the waiting code edge_llm_ros.client uses too (runtime/goals.py)
+        handle = goals.send_goal(client, goal, on_feedback, args.timeout + 5)
         if not handle.accepted:
             print("Goal was rejected.", flush=True)
             return EXIT_FAIL
-        print(f"Goal accepted with ID: {handle.goal_id.hex()}\n", flush=True)
-        result_future = handle.get_result_async()
-        stop = threading.Event()
+        print(f"Goal accepted with ID: {goals.goal_name(handle)}\n", flush=True)
+        stop = threading.Event()  # Ctrl-C: cancel the goal, and wait for the result the cancel brings
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        while not result_future.wait(0.1):
-            if stop.is_set():
-                handle.cancel_goal_async().result(args.timeout + 5)
-                stop.clear()
-        response = result_future.result()
+        response = goals.wait_result(client, handle, None, stop=stop)
     except (TimeoutError, RuntimeError) as exc:  # no answer in time, the server went away, the goal call failed
         with output:  # a feedback written meanwhile would glue its text to the error line (CI, session 12)
             failed.set()
