@@ -1,22 +1,22 @@
 """`edge-llm-ros demo` (`make demo`): launch the pipeline, ask SmolLM2 one thing, stream its answer.
 
-What a new user would do in three terminals, done in one:
-  1. `edge-llm-ros launch pipeline`                 (router, planner_node, serve_node, monitor)
-  2. `edge-llm-ros topic echo /edge_llm/response`   (here: this process listens and prints the text)
-  3. `edge-llm-ros topic pub --once /edge_llm/instruction std_msgs/msg/String "{data: ...}"`
+What a new user would do in two terminals, done in one:
+  1. `edge-llm-ros launch pipeline`            (router, planner_node, serve_node, monitor)
+  2. `python examples/generate.py "..."`       (here: this process, with edge_llm_ros.client's
+                                                LLMClient: wait until ready, stream the answer)
 then Ctrl-C on the launch, which stops every node. It prints the mode and backend that served
-the answer, its tokens/s and time to first token (from serve_node's InferenceStats for the
-request), and exits 0 only if a complete answer arrived.
+the answer, its tokens/s and time to first token (the result's InferenceStats), and exits 0 only
+if a complete answer arrived.
 
-The first run on a machine waits for planner_node to calibrate it (under a minute), so the
-answer is not timed against the calibration.
+serve_node is ready when its lifecycle state is active (LLMClient.wait_until_ready). The first run
+on a machine also waits for planner_node to calibrate it (under a minute), so the answer is not
+timed against the calibration (:func:`_wait_for_plan`, which still reads the log: see its TODO).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -27,7 +27,7 @@ import time
 from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
 
 PLANNED = re.compile(r"\[planner_node-\d+\].*(published the device plan|no plan published)")
-SERVING = re.compile(r"\[serve_node-\d+\].*serving ")  # up, on its own choice
+SERVING = re.compile(r"\[serve_node-\d+\].*serving ")  # what it serves, said at start (shown with --quiet)
 NODE_LOGS = re.compile(r"^\[launcher\]|^\[(planner_node|serve_node)-\d+\] \[(INFO|WARN|ERROR)\]")
 ALL = re.compile("")
 REPLANNED = re.compile(r"\[serve_node-\d+\].*(plan: |plan refused)")  # it took (or refused) the planner's plan
@@ -38,6 +38,7 @@ class _Launch:
 
     def __init__(self, env: dict, shown: re.Pattern | None) -> None:
         argv = [sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", "pipeline"]
+        self.env = env
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self.cond = threading.Condition()
@@ -98,15 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print("[demo]     waiting for the device plan (a first run calibrates this machine: under a minute)",
               flush=True)
-        if (planned := launch.wait_for(PLANNED, args.timeout)) is None:
-            return _fail("planner_node did not finish; see the launch log above", launch)
-        ready = REPLANNED if "published the device plan" in launch.lines[planned] else SERVING
-        if (line := launch.wait_for(ready, args.timeout)) is None:
-            return _fail("serve_node did not come up; see the launch log above", launch)
-        return _ask(args, launch, line)
+        if (failure := _wait_for_plan(launch, args.timeout)) is not None:
+            return _fail(failure, launch)
+        return _ask(args, launch)
     finally:
         launch.stop()
         print("[demo] pipeline stopped", flush=True)
+
+
+def _wait_for_plan(launch: _Launch, timeout: float) -> str | None:
+    """Until planner_node has published the device plan (or said it has none) and serve_node has taken
+    or refused it; what failed, or None.
+    TODO(issue 27): planner_node is being made a lifecycle node; then wait on its get_state (and on
+    the plan serve_node reports as applied) instead of these lines."""
+    if (planned := launch.wait_for(PLANNED, timeout)) is None:
+        return "planner_node did not finish; see the launch log above"
+    if "published the device plan" in launch.lines[planned] and launch.wait_for(REPLANNED, timeout) is None:
+        return "serve_node did not take the device plan; see the launch log above"
+    return None
 
 
 def _fail(message: str, launch: _Launch) -> int:
@@ -116,64 +126,41 @@ def _fail(message: str, launch: _Launch) -> int:
     return 1
 
 
-def _ask(args: argparse.Namespace, launch: _Launch, ready_line: int) -> int:
-    """Listen on response and stats, send the instruction, stream the answer, print the figures."""
-    from edge_llm_ros import runtime as rt
+def _ask(args: argparse.Namespace, launch: _Launch) -> int:
+    """Wait until serve_node is active, stream the answer to the instruction, print the figures."""
+    from edge_llm_ros.client import LLMClient, NoAnswer, RequestError
+    from edge_llm_ros.runtime.launcher.supervisor import child_backend
 
-    rt.init(args=[])
-    node = rt.Node("demo")
-    chunks: queue.SimpleQueue = queue.SimpleQueue()
-    stats: dict[str, object] = {}
-    got_stats = threading.Event()
-    String, TokenChunk = rt.message("std_msgs/msg/String"), rt.message("edge_llm_ros/msg/TokenChunk")
+    def launch_alive() -> None:
+        if launch.popen.poll() is not None:
+            raise NoAnswer("the launch ended")
 
-    def on_stats(msg) -> None:
-        if msg.request_id:
-            stats[msg.request_id] = msg
-            got_stats.set()
-
-    node.create_subscription(TokenChunk, "/edge_llm/response", chunks.put, 100)
-    node.create_subscription(rt.message("edge_llm_ros/msg/InferenceStats"), "/edge_llm/stats", on_stats, 100)
-    pub = node.create_publisher(String, "/edge_llm/instruction", 10)
-    threading.Thread(target=rt.spin, args=(node,), daemon=True, name="spin").start()
-    try:
-        deadline = time.monotonic() + args.timeout
-        while pub.get_subscription_count() == 0 or node.count_publishers("/edge_llm/response") == 0:
-            if time.monotonic() > deadline or launch.popen.poll() is not None:
-                return _fail("serve_node's topics did not appear in the graph", launch)
-            time.sleep(0.05)
-        if launch.shown is None:  # --quiet: say at least what serves
-            print(f"[demo]     {launch.lines[ready_line].split(']: ', 1)[-1].strip()}", flush=True)
-        print("[demo] 2/3 listening on /edge_llm/response (as: edge-llm-ros topic echo /edge_llm/response)", flush=True)
-        print(f"[demo] 3/3 sending on /edge_llm/instruction: {args.instruction!r}", flush=True)
+    with LLMClient("/edge_llm", timeout=args.timeout, backend=child_backend(launch.env)) as llm:
+        try:
+            server = llm.wait_until_ready(args.timeout, check=launch_alive)
+        except NoAnswer as exc:
+            return _fail(f"serve_node did not come up: {exc}; see the launch log above", launch)
+        if launch.shown is None and (said := [line for line in launch.lines if SERVING.search(line)]):
+            print(f"[demo]     {said[-1].split(']: ', 1)[-1].strip()}", flush=True)  # --quiet: what serves
+        print(f"[demo] 2/3 {server} is active; connected to /edge_llm/generate with edge_llm_ros.client.LLMClient "
+              "(examples/generate.py)", flush=True)
+        print(f"[demo] 3/3 sending {args.instruction!r}: llm.stream(...) prints the answer as it comes", flush=True)
         launch.shown = None  # the answer, not the nodes' logs, from here on
-        pub.publish(String(data=args.instruction))
-        request, last = None, None
         print()
-        while last is None or not last.done:
-            try:
-                last = chunks.get(timeout=max(deadline - time.monotonic(), 0.1) if request else args.timeout)
-            except queue.Empty:
-                print(file=sys.stderr)
-                return _fail("no complete answer arrived", launch)
-            request = request or last.request_id
-            if last.request_id == request:
-                sys.stdout.write(last.text)
+        stream = llm.stream(args.instruction)
+        try:
+            for chunk in stream:
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+            result = stream.result()
+        except (RequestError, TimeoutError) as exc:
+            print(file=sys.stderr)
+            return _fail(f"no complete answer: {exc}", launch)
         print("\n")
-        if last.finish_reason == "error":
-            return _fail(f"serve_node answered with an error: {last.error}", launch)
-        got_stats.wait(10)
-        s = stats.get(request)
-        if s is None:
-            print(f"[demo] answer complete (finish: {last.finish_reason}); no stats arrived for it", flush=True)
-        else:
-            print(f"[demo] mode {s.mode} on {s.backend}: {s.tokens} tokens, {s.tokens_per_s:.1f} tokens/s, "
-                  f"time to first token {s.ttft_s * 1000:.0f} ms (finish: {last.finish_reason})", flush=True)
+        s = result.stats
+        print(f"[demo] mode {s.mode} on {s.backend}: {s.tokens} tokens, {s.tokens_per_s:.1f} tokens/s, "
+              f"time to first token {s.ttft_s * 1000:.0f} ms (finish: {result.finish_reason})", flush=True)
         return 0
-    finally:
-        node.destroy_node()
-        rt.shutdown()
 
 
 if __name__ == "__main__":

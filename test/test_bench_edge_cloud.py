@@ -7,11 +7,11 @@ import io
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 from support import REPO
 
+from edge_llm_ros.client import Stats
 from edge_llm_ros.core.edge_cloud import projected_speedup
 from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
 from edge_llm_ros.tools import bench
@@ -20,8 +20,8 @@ from edge_llm_ros.tools import bench_edge_cloud as ec
 
 def goal(tokens: int, wall_s: float, tau: float, draft_s: float = 0.0, verify_s: float = 0.0, miss: float = 0.0,
          exit_layer: float = 0.0):
-    stats = SimpleNamespace(tau=tau, draft_time_s=draft_s, verify_time_s=verify_s, cache_miss_rate=miss,
-                            avg_exit_layer=exit_layer, ttft_s=0.1)
+    stats = Stats(tau=tau, draft_time_s=draft_s, verify_time_s=verify_s, cache_miss_rate=miss,
+                  avg_exit_layer=exit_layer, ttft_s=0.1)
     return ec.Goal(list(range(tokens)), wall_s, stats)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from support import REPO
 
+from edge_llm_ros.errors import Status
 from edge_llm_ros.tools import bench
 from edge_llm_ros.tools import bench_serving as bs
 
@@ -41,7 +42,7 @@ def test_same_tokens_ignores_only_a_trailing_eos_on_one_side():
     assert bs.first_difference([1, 2, 3], [1, 4, 3]) == 1 and bs.first_difference([1, 2], [1, 2, 3]) == 2
 
 
-def request(client, index, prompt, sent, first, done, tokens, status=bs.STATUS_SUCCEEDED, error=""):
+def request(client, index, prompt, sent, first, done, tokens, status=Status.OK, error=""):
     return bs.Request(client, index, prompt, sent, first, done, tuple(tokens), status, error)
 
 
@@ -64,13 +65,13 @@ def test_summary_of_a_client_count():
 def test_inexact_requests_are_listed_with_why():
     requests = [request(0, 0, 0, 0.0, 0.1, 1.0, [1] * 4 + [7] * 6),  # differs at token 4
                 request(0, 1, 1, 1.0, None, None, [], status=None, error="rejected"),
-                request(1, 0, 2, 0.0, None, 2.0, [], status=6, error="status 6: error")]
+                request(1, 0, 2, 0.0, None, 2.0, [], status=Status.FAILED, error="error")]
     s = bs.summarize_node(requests, REFS, PROMPTS, EOS)
     assert s["exact"] is False and s["ttft_p50_s"] == pytest.approx(0.1)
     assert [(i["client"], i["request"], i["prompt"]) for i in s["inexact"]] == [(0, 0, "p0"), (0, 1, "p1"),
                                                                                   (1, 0, "p2")]
     assert s["inexact"][0]["first_difference"] == 4 and s["inexact"][1]["error"] == "rejected"
-    assert s["inexact"][2]["status"] == 6
+    assert s["inexact"][2]["status"] == Status.FAILED == 7
     none = bs.summarize_node([request(0, 0, 0, 0.0, None, None, [], None, "x")], REFS, PROMPTS, EOS)
     assert none["aggregate_tokens_per_s"] == 0.0 and none["per_request_tokens_per_s"] is None
 

@@ -93,11 +93,16 @@ class Request:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.id = goals.goal_name(handle)
+        self.ended_at: float | None = None  # time.monotonic() when the result (or the failure) came
         self._future = handle.get_result_async()
-        if chunks is not None:
-            self._future.add_done_callback(lambda _: chunks.put(_DONE))
+        self._future.add_done_callback(self._on_done)
         self._result: Result | None = None
         self._error: BaseException | None = None
+
+    def _on_done(self, _future: Any) -> None:
+        self.ended_at = time.monotonic()
+        if self._chunks is not None:
+            self._chunks.put(_DONE)
 
     def done(self) -> bool:
         """Whether the request has ended (its result, or its failure, is known)."""
@@ -148,25 +153,26 @@ class Request:
         watch = goals.ServerWatch(self.llm.client)
         tokens, text = 0, []
         while (item := self._next(chunks, watch)) is not _DONE:
-            chunk = Chunk.from_feedback(item.feedback)
+            chunk = Chunk.from_feedback(item[1].feedback, item[0])
             tokens += len(chunk.token_ids)
             text.append(chunk.text)
             yield chunk
         result = self._arrived()
         grace = time.monotonic() + FEEDBACK_GRACE_S
         while tokens < len(result.token_ids) and (item := self._take(chunks, grace - time.monotonic())) is not None:
-            chunk = Chunk.from_feedback(item.feedback)
+            chunk = Chunk.from_feedback(item[1].feedback, item[0])
             tokens += len(chunk.token_ids)
             text.append(chunk.text)
             yield chunk
         if tokens < len(result.token_ids):  # never came: the result's own tail
             said = "".join(text)
-            yield Chunk(result.token_ids[tokens:], result.text[len(said):] if result.text.startswith(said) else "")
+            yield Chunk(result.token_ids[tokens:], result.text[len(said):] if result.text.startswith(said) else "",
+                        at=time.monotonic())
         self._finish(result)
         self._settled()
 
     def _next(self, chunks: queue.SimpleQueue, watch: goals.ServerWatch) -> Any:
-        """The next feedback message, or _DONE; NoAnswer past the deadline, ServerGone when it leaves."""
+        """The next (arrival time, feedback message), or _DONE; NoAnswer past the deadline, ServerGone when it leaves."""
         while True:
             try:
                 return chunks.get(timeout=goals.SLICE_S)
@@ -233,15 +239,18 @@ class Request:
 
 class LLMClient:
     """A client of one Generate action (default /edge_llm/generate). It owns a node and a thread
-    that spins it (on the runtime edge_llm_ros.runtime picks), or works on ``node``, a node the
-    caller already has and spins. Use it as a context manager, or call close()."""
+    that spins it (on ``backend``, "zenoh" or "rclpy"; default: the runtime edge_llm_ros.runtime
+    picks), or works on ``node``, a node the caller already has and spins. ``timeout``: seconds a
+    request waits for its result (each request may say its own); ``connect_timeout``: for a server
+    to take a goal. Use it as a context manager, or call close()."""
 
     def __init__(self, namespace: str = "/edge_llm", *, node: Any = None, action: str = "generate",
-                 timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 backend: str | None = None) -> None:
         self.action_name = action if action.startswith("/") else f"{namespace.rstrip('/')}/{action}"
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.transport: Transport = attach(node) if node is not None else own_node(
-            f"edge_llm_client_{os.getpid()}_{next(_names)}")
+            f"edge_llm_client_{os.getpid()}_{next(_names)}", backend=backend)
         try:
             self.Generate = self.transport.action(GENERATE)
             self.client = self.transport.action_client(self.Generate, self.action_name)
@@ -298,7 +307,8 @@ class LLMClient:
             raise RuntimeError("this LLMClient is closed")
         goal = self.Generate.Goal(**fields)
         chunks: queue.SimpleQueue | None = queue.SimpleQueue() if streamed else None
-        handle = goals.send_goal(self.client, goal, chunks.put if chunks is not None else None, self.connect_timeout)
+        on_feedback = (lambda msg: chunks.put((time.monotonic(), msg))) if chunks is not None else None
+        handle = goals.send_goal(self.client, goal, on_feedback, self.connect_timeout)
         if not handle.accepted:
             raise Busy(f"{self.action_name} rejected the goal: busy (max_requests running and max_pending waiting)")
         return Request(self, handle, chunks, self.timeout if timeout is None else timeout)

@@ -37,14 +37,16 @@ _names = itertools.count()
 
 class NavigatorClient:
     """A client of one navigator_node: navigate, stop, wait_until_ready. It owns a node and a
-    thread that spins it, or works on ``node`` (the caller's, spun by the caller)."""
+    thread that spins it (on ``backend``, as LLMClient's), or works on ``node`` (the caller's,
+    spun by the caller)."""
 
-    def __init__(self, namespace: str = "/edge_llm", *, navigator: str = "navigator", node: Any = None) -> None:
+    def __init__(self, namespace: str = "/edge_llm", *, navigator: str = "navigator", node: Any = None,
+                 backend: str | None = None) -> None:
         ns = namespace.rstrip("/")
         self.navigator = f"{ns}/{navigator}"
         self.instruction_topic, self.episode_topic = f"{ns}/instruction", f"{self.navigator}/episode"
         self.transport: Transport = attach(node) if node is not None else own_node(
-            f"edge_llm_navigator_client_{os.getpid()}_{next(_names)}")
+            f"edge_llm_navigator_client_{os.getpid()}_{next(_names)}", backend=backend)
         self._cond = threading.Condition()
         self.episodes: list[Episode] = []  # every summary heard, in order
         self.malformed: list[str] = []  # summaries that did not parse (why)

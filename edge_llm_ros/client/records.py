@@ -21,16 +21,18 @@ _CASTS = {"str": str, "int": int, "float": float, "bool": bool}
 
 @dataclass(frozen=True)
 class Chunk:
-    """Tokens the server accepted in one step, the text they add, and the target's probability of
-    each (empty where the server does not send them)."""
+    """Tokens the server accepted in one step, the text they add, the target's probability of each
+    (empty where the server does not send them), and when it arrived here (time.monotonic())."""
 
     token_ids: list[int]
     text: str
     probs: list[float] = field(default_factory=list)
+    at: float = 0.0
 
     @classmethod
-    def from_feedback(cls, feedback: Any) -> Chunk:
-        return cls([int(t) for t in feedback.token_ids], str(feedback.text_delta), [float(p) for p in feedback.probs])
+    def from_feedback(cls, feedback: Any, at: float) -> Chunk:
+        return cls([int(t) for t in feedback.token_ids], str(feedback.text_delta), [float(p) for p in feedback.probs],
+                   at)
 
 
 @dataclass(frozen=True)

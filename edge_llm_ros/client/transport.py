@@ -2,7 +2,7 @@
 action and service clients, latched QoS, and who serves what in the graph.
 
 :func:`own_node` makes a node of the client's own on the runtime edge_llm_ros.runtime picked
-(rclpy when ROS 2 is sourced, else the embedded Zenoh backend), on a context of its own with a
+(rclpy when ROS 2 is sourced, else the embedded Zenoh backend) or the one named, on a context of its own with a
 thread that spins it, so the caller's own rclpy context, signal handlers and executors are left
 alone. :func:`attach` wraps a node the caller already has and spins (an rclpy Node, or a node of
 the embedded backend: the kind is read from the node, so one test process can use both).
@@ -134,6 +134,8 @@ class RclpyTransport(Transport):
 
     @staticmethod
     def _type(name: str, kind: str) -> Any:
+        if rt.BACKEND == "rclpy":  # the runtime's lookup, whose error says what to source
+            return getattr(rt, {"msg": "message", "srv": "service", "action": "action"}[kind])(name)
         package, _, cls = name.split("/")
         try:
             return getattr(importlib.import_module(f"{package}.{kind}"), cls)
@@ -206,9 +208,13 @@ def _is_embedded(node: Any) -> bool:
     return isinstance(node, Node)
 
 
-def own_node(name: str, namespace: str = "") -> Transport:
-    """A node of the client's own, on a context of its own, spun by a daemon thread."""
-    transport = _own_rclpy(name, namespace) if rt.BACKEND == "rclpy" else _own_embedded(name, namespace)
+def own_node(name: str, namespace: str = "", backend: str | None = None) -> Transport:
+    """A node of the client's own, on a context of its own, spun by a daemon thread; on ``backend``
+    ("zenoh" or "rclpy"; None: the one edge_llm_ros.runtime picked)."""
+    backend = backend or rt.BACKEND
+    if backend not in ("zenoh", "rclpy"):
+        raise ValueError(f"backend must be 'zenoh' or 'rclpy', got {backend!r}")
+    transport = _own_rclpy(name, namespace) if backend == "rclpy" else _own_embedded(name, namespace)
     transport.spinner = threading.Thread(target=transport.spin, daemon=True, name=f"{name}-spin")
     transport.spinner.start()
     return transport

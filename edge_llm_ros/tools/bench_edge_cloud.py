@@ -55,7 +55,15 @@ from typing import TextIO
 from edge_llm_ros.core.drafts.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
 from edge_llm_ros.tools.bench import LOSSLESS_MARK, fmt_value
-from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile, bench_main, local_router, report_paths
+from edge_llm_ros.tools.deployment import (
+    Deployment,
+    EventLog,
+    ask_profile,
+    bench_main,
+    local_router,
+    node_backend,
+    report_paths,
+)
 from edge_llm_ros.tools.generate import Parser
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
@@ -69,7 +77,6 @@ MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
 WARMUP_TOKENS = 8
 START_TIMEOUT_S = 300.0  # model loading of both nodes
 GOAL_TIMEOUT_S = 600.0
-STATUS_SUCCEEDED = 4
 LABEL = "emulated link"
 TARGETS = {"rtt_ms": 50.0, "sd_to_ee": 1.15, "ar_to_sd": 1.5, "max_cache_miss_rate": 0.40}
 
@@ -96,52 +103,47 @@ def edge_cloud_plan(rtt_ms: float, bandwidth_mbps: float, args: list[str], cores
 
 
 class Client:
-    """This process as the robot's application: a node with a Generate action client."""
+    """This process as the robot's application: an LLMClient on /edge_llm/generate."""
 
     def __init__(self) -> None:
-        from edge_llm_ros.runtime import action
-        from edge_llm_ros.runtime.actions import ActionClient
-        from edge_llm_ros.runtime.cli import Session
+        from edge_llm_ros.client import LLMClient
 
-        self.session = Session()
-        self.node = self.session.node
-        self.Generate = action("edge_llm_ros/action/Generate")
-        self.client = ActionClient(self.node, self.Generate, "/edge_llm/generate", call_timeout=30.0)
+        self.llm = LLMClient("/edge_llm", timeout=GOAL_TIMEOUT_S, backend=node_backend())
+        self.node = self.llm.node
 
     def wait_ready(self, deployment: Deployment, timeout: float) -> None:
-        """Until the action server answers and both nodes subscribe to each other's topic."""
+        """Until verifier_node and draft_node (serving /edge_llm/generate) are lifecycle-active and each
+        subscribes to the other's topic."""
         deadline = time.monotonic() + timeout
-        while not (self.client.server_is_ready() and self.node.count_subscribers("/edge_llm/draft") >= 1
+        self.llm.wait_until_active("/edge_llm/verifier_node", timeout, check=deployment.check_alive)
+        self.llm.wait_until_ready(max(deadline - time.monotonic(), 0.0), check=deployment.check_alive)
+        while not (self.node.count_subscribers("/edge_llm/draft") >= 1
                    and self.node.count_subscribers("/edge_llm/verify") >= 1):
             deployment.check_alive()
             if time.monotonic() > deadline:
-                raise ToolError(f"the edge-cloud nodes were not ready within {timeout:g} s; their last lines:\n"
-                                f"{deployment.log.tail()}")
+                raise ToolError(f"the edge-cloud nodes did not subscribe to draft and verify within {timeout:g} s; "
+                                f"their last lines:\n{deployment.log.tail()}")
             time.sleep(0.2)
 
     def generate(self, prompt: str, mode: str, max_new_tokens: int) -> Goal:
-        goal = self.Generate.Goal(prompt=prompt, mode=mode, max_new_tokens=max_new_tokens)
+        from edge_llm_ros.errors import RequestError
+
         start = time.perf_counter()
-        handle = self.client.send_goal_async(goal).result(30.0)
-        if not handle.accepted:
-            raise ToolError(f"draft_node rejected a {mode} goal")
-        response = handle.get_result_async().result(GOAL_TIMEOUT_S)
-        wall = time.perf_counter() - start
-        result = response.result
-        if response.status != STATUS_SUCCEEDED:
-            raise ToolError(f"{mode} goal ended with status {response.status}: {result.finish_reason}")
-        return Goal(list(result.token_ids), wall, result.stats)
+        try:
+            result = self.llm.generate(prompt, mode=mode, max_new_tokens=max_new_tokens)
+        except (RequestError, TimeoutError) as exc:
+            raise ToolError(f"a {mode} goal failed: {exc}") from None
+        return Goal(result.token_ids, time.perf_counter() - start, result.stats)
 
     def close(self) -> None:
-        self.client.destroy()
-        self.session.close()
+        self.llm.close()
 
 
 @dataclass
 class Goal:
     tokens: list[int]
     wall_s: float
-    stats: object  # InferenceStats
+    stats: object  # edge_llm_ros.client.Stats (InferenceStats' fields)
 
 
 # -- the measurement ------------------------------------------------------------------------------------

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import TextIO
 
 from edge_llm_ros.core.planning.device_profile import cpu_name
+from edge_llm_ros.errors import Status
 from edge_llm_ros.tools.bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
-from edge_llm_ros.tools.deployment import Deployment, EventLog, bench_main, local_router, report_paths
+from edge_llm_ros.tools.deployment import Deployment, EventLog, bench_main, local_router, node_backend, report_paths
 from edge_llm_ros.tools.generate import Parser, one_line
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS, BenchPrompt
@@ -57,18 +58,10 @@ N_BATCH = 512  # rows per llama_decode
 WARMUP_TOKENS = 8
 START_TIMEOUT_S = 300.0  # model loading
 GOAL_TIMEOUT_S = 300.0
-STATUS_SUCCEEDED = 4  # action_msgs/GoalStatus
 NAMESPACE = "/edge_llm"
 LAUNCH = "pipeline"
-# The launcher lines to wait for before measuring, each when its node is in the launch file:
-# serve_node serves; planner_node's plan reached serve_node (applied or refused), so neither the
-# planner's calibration nor a switch of plans runs during the measurement; echo_node (the stand-in
-# before serve_node: it echoes, no token ids, never exact) answers.
-READY = (
-    ("serve_node", r"\[serve_node-\d+\].*serving"),
-    ("planner_node", r"\[serve_node-\d+\].*plan(:| refused)"),
-    ("echo_node", r"\[echo_node-\d+\].*echoing"),
-)
+SERVING = r"\[serve_node-\d+\].*serving"  # what serve_node says it serves (for the report)
+PLAN_REACHED = r"\[serve_node-\d+\].*plan(:| refused)"  # planner_node's plan reached serve_node (wait_for_plan)
 # Launch arguments given when some node of the pipeline declares them (others are noted in the report).
 MODEL_ARG, THREADS_ARG, MAX_REQUESTS_ARG = "model", "threads", "max_requests"
 
@@ -83,7 +76,7 @@ def schedule(clients: int, per_client: int, prompts: int) -> list[list[int]]:
 
 @dataclass
 class Request:
-    """One goal as a client saw it (perf_counter times)."""
+    """One goal as a client saw it (time.monotonic() times)."""
 
     client: int
     index: int  # its place in the client's sequence
@@ -92,7 +85,7 @@ class Request:
     first_token: float | None = None
     done: float | None = None
     tokens: tuple[int, ...] = ()
-    status: int | None = None  # None: rejected, or no result
+    status: int | None = None  # its RequestStatus code (edge_llm_ros.errors.Status); None: rejected, or no result
     error: str = ""
 
     @property
@@ -139,7 +132,7 @@ def summarize_node(requests: list[Request], references: list[list[int]], prompts
     inexact = []
     for r in requests:
         ref = references[r.prompt]
-        if r.status == STATUS_SUCCEEDED and same_tokens(list(r.tokens), ref, eos):
+        if r.status == Status.OK and same_tokens(list(r.tokens), ref, eos):
             continue
         inexact.append({"client": r.client, "request": r.index, "prompt": prompts[r.prompt].name,
                         "status": r.status, "error": r.error, "tokens": len(r.tokens), "reference_tokens": len(ref),
@@ -280,54 +273,44 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
 
 
 class Clients:
-    """This process as N applications: one action client (one feedback subscription) shared by the
-    client threads, so feedback is decoded once per message however many clients there are."""
+    """This process as N applications: one LLMClient (one action client, one feedback subscription)
+    shared by the client threads, so feedback is decoded once per message however many clients
+    there are."""
 
     def __init__(self) -> None:
-        from edge_llm_ros.runtime import action
-        from edge_llm_ros.runtime.actions import ActionClient
-        from edge_llm_ros.runtime.cli import Session
+        from edge_llm_ros.client import LLMClient
 
-        self.Generate = action("edge_llm_ros/action/Generate")  # before the session: an unknown type leaves none open
-        self.session = Session()
-        self.client = ActionClient(self.session.node, self.Generate, f"{NAMESPACE}/generate", call_timeout=30.0)
+        self.llm = LLMClient(NAMESPACE, timeout=GOAL_TIMEOUT_S, connect_timeout=60.0, backend=node_backend())
 
-    def wait_ready(self, deployment: Deployment, ready: list[str], timeout: float) -> None:
-        """Until every line of ``ready`` came and the action server answers."""
+    def wait_ready(self, deployment: Deployment, plan, timeout: float) -> None:
+        """Until the generate server's node is lifecycle-active (serve_node; echo_node, the stand-in, once
+        it answers) and, with planner_node in the launch, its plan has reached serve_node."""
         deadline = time.monotonic() + timeout
-        for pattern in ready:
-            while not deployment.log.find(pattern):
-                deployment.check_alive()
-                if time.monotonic() > deadline:
-                    raise ToolError(f"no line /{pattern}/ within {timeout:g} s; last lines:\n{deployment.log.tail()}")
-                deployment.thread.join(0.5)  # wakes at once when the launcher stops
-        while not self.client.wait_for_server(1.0):
-            deployment.check_alive()
-            if time.monotonic() > deadline:
-                raise ToolError(f"{NAMESPACE}/generate did not answer within {timeout:g} s; last lines:\n"
-                                f"{deployment.log.tail()}")
+        self.llm.wait_until_ready(timeout, check=deployment.check_alive)
+        if "planner_node" in {node.name for node in plan.nodes}:
+            wait_for_plan(deployment, max(deadline - time.monotonic(), 0.0))
 
     def request(self, request: Request, text: str, max_new_tokens: int) -> Request:
         """Send one greedy goal and wait for its result; times and tokens filled into ``request``."""
-        def on_feedback(msg) -> None:
-            if request.first_token is None and (len(msg.feedback.token_ids) or msg.feedback.text_delta):
-                request.first_token = time.perf_counter()
+        from edge_llm_ros.errors import RequestError
 
-        goal = self.Generate.Goal(prompt=text, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
-        request.sent = time.perf_counter()
+        request.sent = time.monotonic()
         try:
-            handle = self.client.send_goal_async(goal, on_feedback).result(60.0)
-            if not handle.accepted:
-                request.error = "rejected"
-                return request
-            response = handle.get_result_async().result(GOAL_TIMEOUT_S)
-        except Exception as exc:  # no answer in time, or the server went away
+            stream = self.llm.stream(text, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+            for chunk in stream:
+                if request.first_token is None and (chunk.token_ids or chunk.text):
+                    request.first_token = chunk.at
+            result = stream.result()
+        except RequestError as exc:  # refused as busy (no result), or a result that is not an answer
+            answer = getattr(exc, "result", None)
+            request.error, request.status = one_line(exc), None if answer is None else int(exc.status)
+            if answer is not None:
+                request.done, request.tokens = stream.ended_at, tuple(answer.token_ids)
+            return request
+        except Exception as exc:  # no answer in time (NoAnswer), or the call itself failed
             request.error = one_line(exc)
             return request
-        request.done = time.perf_counter()
-        request.status, request.tokens = response.status, tuple(response.result.token_ids)
-        if response.status != STATUS_SUCCEEDED:
-            request.error = f"status {response.status}: {response.result.finish_reason}"
+        request.done, request.status, request.tokens = stream.ended_at, int(result.status), tuple(result.token_ids)
         return request
 
     def run(self, plan: list[list[int]], prompts: list[BenchPrompt], max_new_tokens: int) -> list[Request]:
@@ -347,8 +330,22 @@ class Clients:
         return [r for mine in requests for r in mine]
 
     def close(self) -> None:
-        self.client.destroy()
-        self.session.close()
+        self.llm.close()
+
+
+def wait_for_plan(deployment: Deployment, timeout: float) -> None:
+    """Until planner_node's plan has reached serve_node (applied or refused), so that neither the
+    planner's calibration nor a switch of plans runs during the measurement: serve_node's line about
+    the plan, the one readiness still read from a log.
+    TODO(issue 27): planner_node is being made a lifecycle node; then wait on its get_state (and on
+    a plan serve_node reports as applied) instead of this line."""
+    deadline = time.monotonic() + timeout
+    while not deployment.log.find(PLAN_REACHED):
+        deployment.check_alive()
+        if time.monotonic() > deadline:
+            raise ToolError(f"planner_node's plan did not reach serve_node within {timeout:g} s; last lines:\n"
+                            f"{deployment.log.tail()}")
+        deployment.thread.join(0.5)  # wakes at once when the launcher stops
 
 
 def pipeline_plan(wanted: list[str], given: list[str]):
@@ -367,15 +364,16 @@ def pipeline_plan(wanted: list[str], given: list[str]):
     return plan, applied, [a for a in wanted if a.partition(":=")[0] not in declared]
 
 
-def ready_patterns(plan) -> list[str]:
-    """The launcher lines that say the pipeline serves (READY's, of the nodes in ``plan``)."""
+def ready_conditions(plan) -> list[str]:
+    """What the bench waits for before it measures (Clients.wait_ready), for the report."""
     names = {node.name for node in plan.nodes}
-    return [pattern for name, pattern in READY if name in names]
+    return [f"{NAMESPACE}/generate answers and its node is lifecycle-active",
+            *([f"serve_node's line /{PLAN_REACHED}/ (planner_node's plan reached it)"] if "planner_node" in names else [])]
 
 
 def serving_lines(log: EventLog) -> list[str]:
     """What serve_node said it serves (its "serving" lines), for the report."""
-    return [m.string.split("]: ", 1)[-1] for _, m in log.find(READY[0][1])]
+    return [m.string.split("]: ", 1)[-1] for _, m in log.find(SERVING)]
 
 
 def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[BenchPrompt], max_new_tokens: int,
@@ -388,7 +386,7 @@ def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[Ben
         clients = Clients()
         try:
             with Deployment(plan, endpoint, log, "pipeline") as deployment:
-                clients.wait_ready(deployment, ready_patterns(plan), START_TIMEOUT_S)
+                clients.wait_ready(deployment, plan, START_TIMEOUT_S)
                 clients.request(Request(0, 0, 0), prompts[0].text, WARMUP_TOKENS)
                 with tqdm(total=sum(n * per_client for n in client_counts), desc="serving", unit="request",
                           file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
@@ -435,7 +433,7 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
                     "other_processes_cores_llama_cpp_rows": llama["other_processes_cores"]},
         "model": str(model),
         "deployment": {"launch": LAUNCH, "nodes": [n.name for n in plan.nodes], "launch_arguments": applied,
-                       "not_declared": left_out, "ready_lines": ready_patterns(plan),
+                       "not_declared": left_out, "ready_lines": ready_conditions(plan),
                        "serve_node_said": serving_lines(log)},
         "max_new_tokens": max_new_tokens,
         "requests_per_client": per_client,

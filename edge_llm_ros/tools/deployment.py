@@ -6,7 +6,9 @@ each process by the launcher's own lines (pid, RSS, a kill on request, deaths no
 came, so a bench can wait for a line and time what happened between two; :func:`ask_profile`
 asks a deployed node to measure itself (srv/Profile); :func:`local_router` runs a Zenoh router in
 this process and :func:`router_named` points this process's sessions and the nodes it launches at
-one, through :func:`environment` (the variables as they were once the bench is done).
+one, through :func:`environment` (the variables as they were once the bench is done);
+:func:`node_backend` is the runtime the launched nodes run on, for the bench's own client
+(edge_llm_ros.client) to meet them there.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def environment(**changes: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def node_backend() -> str:
+    """The runtime of the nodes the embedded launcher starts (EDGE_LLM_BACKEND when set, else the
+    embedded one, also in a shell where ROS 2 is sourced)."""
+    from edge_llm_ros.runtime.launcher.supervisor import child_backend
+
+    return child_backend()
 
 
 @contextmanager

@@ -1,6 +1,7 @@
 """The launched stage pipeline of ``bench --scenario pipeline``, measured from this process: the
 launch plan (launch/stages.launch.py, each stage pinned to a core, D0 on the first stage's core),
-the Generate client that times every goal's feedback and reads draft_node's ALT / ALR line, the
+the Generate client (edge_llm_ros.client) that times every goal's feedback and reads ALT / ALR
+and D0's drafts from the result's InferenceStats, readiness from every node's lifecycle state, the
 stages' own `profile` answers, the CPU other processes took meanwhile, and one deployment's run
 (:func:`run_deployment`). The scenario (tools/bench_pipeline.py) decides what runs where.
 """
@@ -8,7 +9,6 @@ stages' own `profile` answers, the CPU other processes took meanwhile, and one d
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_llm_ros.tools.bench import CpuShare
-from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile
+from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile, node_backend
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BenchPrompt
 
@@ -30,9 +30,6 @@ SEGMENT = 8  # draft rows per FlowSpec segment (draft_node's default)
 WARMUP_TOKENS = 8
 START_TIMEOUT_S = 300.0
 GOAL_TIMEOUT_S = 300.0
-STATUS_SUCCEEDED = 4
-STATS_LINE = (r"\[draft_node-\d+\].*: request \w+ \((\w+)\): (\d+) tokens, ALT ([\d.]+), ALR ([\d.]+); "
-              r"D0 drafted (\d+) times, (\d+) forwards, ([\d.]+) s (CPU|wall)")
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,8 @@ class LinkSetting:
 
 @dataclass
 class Goal:
-    """One Generate goal as this process saw it (perf_counter times) and draft_node's figures."""
+    """One Generate goal as this process saw it (time.monotonic() times) and D0's figures from its
+    result's stats (InferenceStats: alt, alr, drafts, draft_forwards, draft_time_s, draft_time_is_cpu)."""
 
     mode: str
     tokens: list[int]
@@ -73,38 +71,38 @@ class Goal:
         return self.first - self.sent
 
 
+def goal_of(mode: str, sent: float, chunks: list, done: float, result) -> Goal:
+    """A finished goal: its tokens, when its first and last tokens came, and D0's figures (the drafts
+    only when D0 timed them as its thread's CPU time)."""
+    times = [c.at for c in chunks if c.token_ids]
+    s = result.stats
+    drafts = (s.drafts, s.draft_forwards, s.draft_time_s) if s.draft_time_is_cpu else None
+    return Goal(mode, list(result.token_ids), sent, times[0] if times else done, times[-1] if times else done, done,
+                s.alt, s.alr, drafts)
+
+
 class Client:
-    """This process as the application: Generate goals on /edge_llm/generate, feedback timed."""
+    """This process as the application: an LLMClient on /edge_llm/generate, feedback timed, and the
+    stages' `profile` services."""
 
     def __init__(self) -> None:
-        from edge_llm_ros.runtime import action
-        from edge_llm_ros.runtime.actions import ActionClient
-        from edge_llm_ros.runtime.cli import Session
+        from edge_llm_ros.client import LLMClient
 
-        self.session = Session()
-        self.Generate = action("edge_llm_ros/action/Generate")
-        self.client = ActionClient(self.session.node, self.Generate, "/edge_llm/generate", call_timeout=30.0)
+        self.llm = LLMClient("/edge_llm", timeout=GOAL_TIMEOUT_S, backend=node_backend())
 
-    def wait_ready(self, deployment: Deployment, stages: int, since: float) -> None:
-        """Until every stage and D0 said they are active and the action server answers."""
+    def wait_ready(self, deployment: Deployment, stages: int) -> None:
+        """Until every stage and D0 (draft_node, serving /edge_llm/generate) are lifecycle-active."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        for pattern in [*(f"active: stage {i} of {stages}" for i in range(stages)), "active: D0 of a stage pipeline"]:
-            while not deployment.log.find(pattern, since):
-                deployment.check_alive()
-                if time.monotonic() > deadline:
-                    raise ToolError(f"no line /{pattern}/ within {START_TIMEOUT_S:g} s; last lines:\n"
-                                    f"{deployment.log.tail()}")
-                deployment.thread.join(0.2)
-        while not self.client.wait_for_server(1.0):
-            deployment.check_alive()
-            if time.monotonic() > deadline:
-                raise ToolError(f"/edge_llm/generate did not answer within {START_TIMEOUT_S:g} s")
+        for i in range(stages):
+            self.llm.wait_until_active(f"/edge_llm/stage_{i}", max(deadline - time.monotonic(), 0.0),
+                                       check=deployment.check_alive)
+        self.llm.wait_until_ready(max(deadline - time.monotonic(), 0.0), check=deployment.check_alive)
 
     def stage_profile(self, index: int, rows: tuple[int, ...], cached: int,
                       together: threading.Barrier | None = None) -> list[float]:
         """Stage ``index``'s seconds for each count of ``rows`` over ``cached`` cached rows, as it measures
         itself (stage_node's `profile` service)."""
-        return ask_profile(self.session.node, f"/edge_llm/stage_{index}/profile", rows, cached, together)
+        return ask_profile(self.llm.node, f"/edge_llm/stage_{index}/profile", rows, cached, together)
 
     def stage_profiles_together(self, stages: int, rows: tuple[int, ...], cached: int) -> list[list[float]]:
         """Every stage's `profile` asked at once: each measures itself while the others compute too."""
@@ -113,53 +111,22 @@ class Client:
             asked = [pool.submit(self.stage_profile, i, rows, cached, together) for i in range(stages)]
             return [a.result() for a in asked]
 
-    def generate(self, log: EventLog, prompt: str, mode: str, max_new_tokens: int) -> Goal:
-        """One greedy goal; its tokens, when it was sent, its first and last feedback, its result,
-        and ALT / ALR from draft_node's line about it."""
-        times, got = [], []
-        arrived = threading.Condition()
+    def generate(self, prompt: str, mode: str, max_new_tokens: int) -> Goal:
+        """One greedy goal, streamed: its tokens, when it was sent, its first and last tokens, its
+        result, and D0's figures from the result's stats."""
+        from edge_llm_ros.errors import RequestError
 
-        def on_feedback(msg) -> None:
-            with arrived:
-                if len(msg.feedback.token_ids):
-                    times.append(time.perf_counter())
-                    got.extend(msg.feedback.token_ids)
-                    arrived.notify_all()
-
-        since = time.monotonic()
-        sent = time.perf_counter()
-        goal = self.Generate.Goal(prompt=prompt, mode=mode, max_new_tokens=max_new_tokens, temperature=0.0)
-        handle = self.client.send_goal_async(goal, on_feedback).result(30.0)
-        if not handle.accepted:
-            raise ToolError(f"draft_node rejected a {mode} goal")
-        response = handle.get_result_async().result(GOAL_TIMEOUT_S)
-        done = time.perf_counter()
-        if response.status != STATUS_SUCCEEDED:
-            raise ToolError(f"{mode} goal ended with status {response.status}: {response.result.finish_reason}")
-        tokens = list(response.result.token_ids)
-        with arrived:  # feedback is a topic, the result a service reply: the last feedback may come after it
-            arrived.wait_for(lambda: len(got) >= len(tokens), 10.0)
-        stats = self.stats_line(log, mode, len(tokens), since)
-        drafts = (int(stats.group(5)), int(stats.group(6)), float(stats.group(7)))
-        return Goal(mode, tokens, sent, times[0] if times else done, times[-1] if times else done, done,
-                    float(stats.group(3)), float(stats.group(4)), drafts if stats.group(8) == "CPU" else None)
-
-    @staticmethod
-    def stats_line(log: EventLog, mode: str, tokens: int, since: float) -> re.Match:
-        """draft_node's line about the request of ``mode`` with ``tokens`` tokens, sent after ``since``."""
-        deadline = time.monotonic() + 10.0
-        while True:
-            found = [m for _, m in log.find(STATS_LINE, since) if m.group(1) == mode and int(m.group(2)) == tokens]
-            if found:
-                return found[0]
-            if time.monotonic() > deadline:
-                raise ToolError(f"draft_node said nothing about its {mode} request of {tokens} tokens (no ALT / ALR "
-                                f"line); last lines:\n{log.tail()}")
-            time.sleep(0.05)
+        sent = time.monotonic()
+        try:
+            stream = self.llm.stream(prompt, mode=mode, max_new_tokens=max_new_tokens, temperature=0.0)
+            chunks = list(stream)
+            result = stream.result()
+        except (RequestError, TimeoutError) as exc:
+            raise ToolError(f"a {mode} goal failed: {exc}") from None
+        return goal_of(mode, sent, chunks, stream.ended_at or time.monotonic(), result)
 
     def close(self) -> None:
-        self.client.destroy()
-        self.session.close()
+        self.llm.close()
 
 
 def node_cores() -> dict[str, int] | None:
@@ -235,25 +202,24 @@ def run_deployment(setup: Setup, client: Client, endpoint: str, log: EventLog, m
     """Launch the stages for ``measured``'s link and prefill chunk; run each prompt in every mode
     (interleaved) and the long prompt TTFT_REPEATS times (mode ar, one token), after warm-ups."""
     plan = stages_plan(setup.layers, measured.link, measured.chunk, cores)
-    since = time.monotonic()
     with Deployment(plan, endpoint, log, "stage pipeline") as deployment:
-        client.wait_ready(deployment, len(setup.ranges), since)
+        client.wait_ready(deployment, len(setup.ranges))
         for mode in modes:
-            client.generate(log, setup.prompts[0].text, mode, WARMUP_TOKENS)
+            client.generate(setup.prompts[0].text, mode, WARMUP_TOKENS)
         if measured.link is None:  # each stage measures itself where it runs (Jupiter: each device profiles)
             measured.stage_s = [client.stage_profile(i, STAGE_PROFILE_ROWS, STAGE_PROFILE_CACHED)
                                 for i in range(len(setup.ranges))]
             measured.stage_s_together = client.stage_profiles_together(len(setup.ranges), STAGE_PROFILE_ROWS,
                                                                        STAGE_PROFILE_CACHED)
         if setup.long_text:
-            client.generate(log, setup.long_text, "ar", 1)
+            client.generate(setup.long_text, "ar", 1)
         with Others(deployment, [n.name for n in plan.nodes]) as others:
             for prompt in setup.prompts:
                 for mode in modes:
-                    measured.goals.setdefault(mode, []).append(client.generate(log, prompt.text, mode, max_new_tokens))
+                    measured.goals.setdefault(mode, []).append(client.generate(prompt.text, mode, max_new_tokens))
                     progress.update(1)
             for _ in range(TTFT_REPEATS if setup.long_text else 0):
-                measured.long.append(client.generate(log, setup.long_text, "ar", 1))
+                measured.long.append(client.generate(setup.long_text, "ar", 1))
                 progress.update(1)
         measured.other_cores = others.cores
         deployment.check_alive()

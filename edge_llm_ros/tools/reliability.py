@@ -23,6 +23,9 @@ embedded launcher on a thread of this process, its own Zenoh router), this proce
    (restarts the router); ``recovery_s`` is the time from the kill to the next goal that returns
    the exact greedy text, against each node's own start time.
 
+The fleet (this process's clients, tools/reliability_fleet.py) waits for readiness on the nodes'
+lifecycle state and times each node's start from the launcher's line to its transition to active.
+
 The report (JSON, and a table): messages sent, crashes (a node died that nobody killed), hangs
 (a goal that did not end within its deadline), RSS before/after, live requests lost (accepted
 goals that failed or were not exact without a fault), goals refused as busy, recovery times.
@@ -42,31 +45,30 @@ from pathlib import Path
 from typing import TextIO
 
 from edge_llm_ros.tools.deployment import Deployment, EventLog, environment
-from edge_llm_ros.tools.fuzz import TOPICS, Fuzzer
+from edge_llm_ros.tools.fuzz import Fuzzer
 from edge_llm_ros.tools.generate import Parser, one_line
 from edge_llm_ros.tools.loading import ToolError
+from edge_llm_ros.tools.reliability_fleet import (
+    PEERS,
+    START_TIMEOUT_S,
+    Fleet,
+    References,
+    exact,
+)
 
-NAMESPACE = "/edge_llm"
-PEERS = ("verifier_node", "draft_node")
 ROUTER = "zenoh_router"
 PROMPTS = ("Name three colors.", "Describe how a robot should explore a new house.",
            "Write a short poem about the sea.", "Give three tips for charging a battery safely.")
-MAX_NEW_TOKENS = 16
 LIVE_TOKENS = 64  # the goal that runs through the fuzz, and through each fault
 WARM_GOALS = 8  # draft_node's max_requests: RSS "before" is taken with every slot used once ...
 WARM_MESSAGES = 1000  # ... and after a first burst of fuzz (another seed)
-START_TIMEOUT_S = 300.0
 TRIM_PERIOD_S = 2.0  # the nodes' heap trim period here: settled RSS is read one period after a quiet goal
 TARGETS = {"crashes": 0, "hangs": 0, "live_requests_lost": 0, "rss_growth_mb": 50.0,
            "recovery_over_start_time": 2.0,  # the verifier's (the issue's target); the others are reported
            "messages": 10_000, "concurrent_goals": 30}
-STATUS_SUCCEEDED = 4  # action_msgs/GoalStatus
 # Launch arguments of the deployment under test: short timeouts so faults show quickly.
 # max_new_tokens: what an instruction (a fuzzed one too) gets; goals set their own (MAX_NEW_TOKENS, LIVE_TOKENS)
 NODE_ARGS = ("timeout_s:=8.0", "idle_timeout_s:=5.0", "threads:=1", "stats_period_s:=0.0", "max_new_tokens:=16")
-
-
-READY = {"verifier_node": r"verifying /edge_llm/draft -> /edge_llm/verify", "draft_node": r"drafting with"}
 
 
 def edge_cloud_plan(launch_args: list[str] = ()):
@@ -78,154 +80,11 @@ def edge_cloud_plan(launch_args: list[str] = ()):
     return plan
 
 
-def start_time_s(log: EventLog, name: str, since: float = 0.0) -> float:
-    """Seconds from the launcher starting ``name`` to its ready line (models loaded, subscribed)."""
+def start_time_s(log: EventLog, fleet: Fleet, name: str, since: float = 0.0) -> float:
+    """Seconds from the launcher starting ``name`` (its line) to the node becoming lifecycle-active (its
+    transition event, as the fleet heard it: models loaded, serving)."""
     started, _ = log.wait_for(rf"\[launcher\] started {name} \(pid \d+\)", START_TIMEOUT_S, since)
-    ready, _ = log.wait_for(rf"\[{name}-\d+\].*{READY[name]}", START_TIMEOUT_S, started)
-    return ready - started
-
-
-# -- the fleet ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class GoalRun:
-    prompt: str
-    max_new_tokens: int = MAX_NEW_TOKENS
-    status: int | None = None  # None: rejected, or no result (a hang, or the server went away)
-    accepted: bool = False
-    tokens: list[int] = field(default_factory=list)
-    reason: str = ""
-    error: str = ""
-    hung: bool = False  # accepted, and no result (nor a failure) within its deadline
-    wall_s: float = 0.0
-    first_feedback: threading.Event = field(default_factory=threading.Event)
-
-
-class Fleet:
-    """This process as robots' applications: action clients, a raw publisher per fuzzed topic, and
-    listeners on `verify` and `response` to check that every refused input was answered."""
-
-    def __init__(self, clients: int = 1) -> None:
-        from edge_llm_ros.runtime import action, message
-        from edge_llm_ros.runtime.actions import ActionClient
-        from edge_llm_ros.runtime.cli import Session
-
-        self.session = Session()
-        self.node = self.session.node
-        self.node.get_logger().set_level("fatal")  # the fuzz we send also reaches our own listener: no echo
-        self.Generate = action("edge_llm_ros/action/Generate")
-        self.clients = [ActionClient(self.node, self.Generate, f"{NAMESPACE}/generate", call_timeout=30.0)
-                        for _ in range(max(1, clients))]
-        self.publishers = {topic: self.node.create_publisher(message(ros_type), f"{NAMESPACE}/{topic}", 1000)
-                           for topic, ros_type in TOPICS.items()}
-        self._lock = threading.Lock()
-        self.errors: dict[str, list[str]] = {}  # request id -> VerifyResult.error of its final rejections
-        self.answered: set[str] = set()  # request ids with a final VerifyResult
-        self.done_chunks = 0
-        self.node.create_subscription(message("edge_llm_ros/msg/VerifyResult"), f"{NAMESPACE}/verify",
-                                      self._on_verify, 1000)
-        self.node.create_subscription(message("edge_llm_ros/msg/TokenChunk"), f"{NAMESPACE}/response",
-                                      self._on_chunk, 1000)
-
-    def _on_verify(self, msg) -> None:
-        if msg.final:
-            with self._lock:
-                self.answered.add(msg.request_id)
-                if msg.error:
-                    self.errors.setdefault(msg.request_id, []).append(msg.error)
-
-    def _on_chunk(self, msg) -> None:
-        if msg.done:
-            with self._lock:
-                self.done_chunks += 1
-
-    def wait_ready(self, deployment: Deployment, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while not (all(c.server_is_ready() for c in self.clients)
-                   and self.node.count_subscribers(f"{NAMESPACE}/draft") >= 1
-                   and self.node.count_subscribers(f"{NAMESPACE}/verify") >= 2):  # draft_node and us
-            if not deployment.alive():
-                raise ToolError(f"the deployment stopped; last lines:\n{deployment.log.tail()}")
-            if time.monotonic() > deadline:
-                raise ToolError(f"the nodes were not ready within {timeout:g} s; last lines:\n{deployment.log.tail()}")
-            time.sleep(0.2)
-
-    def send(self, prompt: str, client: int = 0, **goal) -> tuple[GoalRun, object]:
-        """Send a goal; (its record, the result future or None if it was rejected)."""
-        goal.setdefault("max_new_tokens", MAX_NEW_TOKENS)
-        run = GoalRun(prompt, goal["max_new_tokens"])
-        start = time.monotonic()
-
-        def on_feedback(_msg) -> None:
-            run.first_feedback.set()
-
-        try:
-            handle = self.clients[client % len(self.clients)].send_goal_async(
-                self.Generate.Goal(prompt=prompt, **goal), on_feedback).result(30.0)
-        except Exception as exc:  # no server took the goal (one still leaving the graph, or not up yet)
-            run.error, run.wall_s = one_line(exc), time.monotonic() - start
-            return run, None
-        run.accepted = bool(handle.accepted)
-        run.wall_s = time.monotonic() - start
-        if not run.accepted:
-            return run, None
-        return run, (handle, start)
-
-    @staticmethod
-    def finish(run: GoalRun, pending, deadline_s: float) -> GoalRun:
-        """Wait for a sent goal's result until ``deadline_s`` (status None: it hung or its server went away)."""
-        if pending is None:
-            return run
-        handle, start = pending
-        future = handle.get_result_async()
-        try:
-            response = future.result(deadline_s)
-        except Exception as exc:  # the server went away, or nothing came in time
-            run.hung = not future.done()
-            run.error = f"no result within {deadline_s:g} s" if run.hung else one_line(exc)
-            return run
-        run.status, run.tokens = response.status, list(response.result.token_ids)
-        run.reason, run.wall_s = response.result.finish_reason, time.monotonic() - start
-        return run
-
-    def generate(self, prompt: str, deadline_s: float, client: int = 0, **goal) -> GoalRun:
-        run, pending = self.send(prompt, client, **goal)
-        return self.finish(run, pending, deadline_s)
-
-    def publish_raw(self, topic: str, data: bytes) -> None:
-        self.publishers[topic].publish_raw(data)
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.destroy()
-        self.session.close()
-
-
-class References:
-    """The target's own greedy output per (prompt, max_new_tokens) (core generate_all, mode ar),
-    computed here once each."""
-
-    def __init__(self) -> None:
-        self._done: dict[tuple[str, int], list[int]] = {}
-        self._target = None
-
-    def __call__(self, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
-        if (prompt, max_new_tokens) not in self._done:
-            from edge_llm_ros.core.engine.config import GenerationConfig
-            from edge_llm_ros.core.engine.decoding import generate_all
-            from edge_llm_ros.core.engine.models import chat_prompt, load_model
-
-            if self._target is None:
-                self._target = load_model()
-            self._done[prompt, max_new_tokens] = generate_all(
-                self._target, chat_prompt(self._target.tokenizer, prompt),
-                GenerationConfig(mode="ar", max_new_tokens=max_new_tokens)).tokens
-        return self._done[prompt, max_new_tokens]
-
-
-def exact(run: GoalRun, references: References) -> bool:
-    return run.status == STATUS_SUCCEEDED and run.tokens == references(run.prompt, run.max_new_tokens)
+    return fleet.activated(name, started, START_TIMEOUT_S) - started
 
 
 # -- the three phases ----------------------------------------------------------------------------------
@@ -297,12 +156,12 @@ def fuzz_phase(deployment: Deployment, fleet: Fleet, references: References, mes
     await_answers(fleet, warm, done, goal_deadline_s * 4)
     rss_before = settled_rss(deployment, fleet, references, goal_deadline_s)
     done = fleet.done_chunks
-    live, pending = fleet.send(PROMPTS[1], max_new_tokens=LIVE_TOKENS)
-    if pending is None:
-        raise ToolError("the live goal of the fuzz phase was rejected")
+    live = fleet.send(PROMPTS[1], goal_deadline_s, max_new_tokens=LIVE_TOKENS)
+    if not live.accepted:
+        raise ToolError(f"the live goal of the fuzz phase was not taken: {live.error or 'busy'}")
     live.first_feedback.wait(goal_deadline_s)
     burst = fuzz_burst(fleet, seed, messages)
-    Fleet.finish(live, pending, goal_deadline_s)
+    Fleet.finish(live, goal_deadline_s)
     await_answers(fleet, burst, done, goal_deadline_s * 4)
     unanswered = [rid for rid in burst.owed if rid not in fleet.answered]
     wrong = {rid[:40]: [e[:120] for e in fleet.errors.get(rid, [])] for rid, expect in burst.owed.items()
@@ -333,14 +192,14 @@ def overload_phase(fleet: Fleet, references: References, goals: int, goal_deadli
     sent: list = [None] * goals
 
     def one(i: int) -> None:
-        sent[i] = fleet.send(PROMPTS[i % len(PROMPTS)], client=i)
+        sent[i] = fleet.send(PROMPTS[i % len(PROMPTS)], goal_deadline_s, client=i)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(goals)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    runs = [Fleet.finish(run, pending, goal_deadline_s) for run, pending in sent]
+    runs = [Fleet.finish(run, goal_deadline_s) for run in sent]
     accepted = [r for r in runs if r.accepted]
     return {
         "goals": goals,
@@ -359,11 +218,11 @@ def overload_phase(fleet: Fleet, references: References, goals: int, goal_deadli
 def fault_phase(deployment: Deployment, fleet: Fleet, references: References, name: str,
                 goal_deadline_s: float, recovery_deadline_s: float) -> dict:
     """Kill ``name`` while a goal runs; that goal must end; then time until a goal is exact again."""
-    run, pending = fleet.send(PROMPTS[1], max_new_tokens=LIVE_TOKENS)
-    if pending is not None:
+    run = fleet.send(PROMPTS[1], goal_deadline_s, max_new_tokens=LIVE_TOKENS)
+    if run.accepted:
         run.first_feedback.wait(goal_deadline_s)
     killed_at = deployment.kill(name)
-    Fleet.finish(run, pending, goal_deadline_s)
+    Fleet.finish(run, goal_deadline_s)
     attempts, recovered_at, last = 0, None, None
     while time.monotonic() - killed_at < recovery_deadline_s:
         fleet.wait_ready(deployment, recovery_deadline_s)  # the action server and both subscriptions are back
@@ -375,7 +234,7 @@ def fault_phase(deployment: Deployment, fleet: Fleet, references: References, na
         if not deployment.alive():
             break
         time.sleep(0.25)  # a failed attempt (node still starting): try again
-    restart_s = start_time_s(deployment.log, name, killed_at) if name != ROUTER else None
+    restart_s = start_time_s(deployment.log, fleet, name, killed_at) if name != ROUTER else None
     return {
         "killed": name,
         "goal_in_flight": {"status": run.status, "reason": run.reason, "error": run.error, "ended": not run.hung},
@@ -408,9 +267,9 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
         print(f"[reliability] {name}: {phases[name]:.1f} s", file=sys.stderr, flush=True)
 
     with environment(**nodes_env), Deployment(edge_cloud_plan(launch_args), endpoint, log) as deployment:
-        start = {name: start_time_s(log, name) for name in PEERS}
-        fleet = Fleet(clients)
+        fleet = Fleet(clients)  # at once: it hears each node's transition to active (the start times)
         try:
+            start = {name: start_time_s(log, fleet, name) for name in PEERS}
             fleet.wait_ready(deployment)
             phase("start")
             for prompt in PROMPTS:

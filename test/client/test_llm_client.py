@@ -63,8 +63,10 @@ def test_generate_returns_the_answer_and_its_stats_as_plain_records(served):
 
 def test_stream_yields_chunks_that_add_up_to_the_result(served):
     _, llm = served
+    sent = time.monotonic()
     request = llm.stream("count 6")
     chunks = list(request)
+    assert sent < chunks[0].at <= chunks[-1].at <= time.monotonic() and sent < request.ended_at  # arrival times
     assert [c.token_ids for c in chunks] == [[1], [2], [3], [4], [5], [6]]
     assert all(c.probs == [0.5] for c in chunks)
     result = request.result()

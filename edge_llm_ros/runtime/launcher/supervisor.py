@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -43,6 +44,13 @@ def _die_with_parent(parent_pid: int):
             os._exit(1)
 
     return setup
+
+
+def child_backend(env: Mapping[str, str] = os.environ) -> str:
+    """The runtime of the nodes this launcher starts: EDGE_LLM_BACKEND when set, else the embedded one,
+    also in a shell where ROS 2 is sourced (a program that talks to them, such as a bench's client,
+    picks the same)."""
+    return env.get("EDGE_LLM_BACKEND", "").strip().lower() or "zenoh"
 
 
 @dataclass(eq=False)
@@ -290,7 +298,7 @@ class Launcher:
         env = dict(os.environ)
         env[ENDPOINT_ENV] = self.endpoint
         env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("EDGE_LLM_BACKEND", "zenoh")
+        env["EDGE_LLM_BACKEND"] = child_backend(env)
         root = str(search_roots()[0])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         return env
