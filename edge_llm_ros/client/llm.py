@@ -20,8 +20,8 @@ PeerGone). Each request is a :class:`Request` handle: ``cancel()``, ``result()``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import math
 import os
 import queue
 import time
@@ -33,6 +33,7 @@ from edge_llm_ros.client.records import Chunk, Result
 from edge_llm_ros.client.transport import Transport, attach, own_node
 from edge_llm_ros.errors import Busy, Invalid, PeerGone, RequestError, Status, error_for
 from edge_llm_ros.runtime import goals
+from edge_llm_ros.runtime.actions import STATUS_ABORTED, STATUS_CANCELED
 from edge_llm_ros.runtime.goals import NoAnswer, ServerGoneError
 
 GENERATE = "edge_llm_ros/action/Generate"
@@ -54,9 +55,9 @@ def _checked_int(name: str, value: Any, bounds: tuple[int, int]) -> int:
     return value
 
 
-def _checked_float(name: str, value: Any, low: float, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise Invalid(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+def _checked_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(f"{name} must be a number, got {value!r}")
     return float(value)
 
 
@@ -70,18 +71,34 @@ def _strings(name: str, value: str | Sequence[str]) -> list[str]:
 def goal_fields(prompt: str, max_new_tokens: int = 0, temperature: float = 0.0, top_k: int = 0, top_p: float = 0.0,
                 seed: int = -1, stop: str | Sequence[str] = (), choices: str | Sequence[str] = (),
                 mode: str = "") -> dict:
-    """A Generate goal's fields, checked here so that a value the message cannot carry is one line
-    (Invalid) before anything is sent; the server checks the rest (a mode it does not serve, a
-    prompt over its context). Zeros mean the node's default (max_new_tokens), greedy
-    (temperature), off (top_k, top_p); seed -1 is random."""
+    """A Generate goal's fields, checked here only so far as a value the message cannot carry is one
+    line (Invalid) before anything is sent; the server checks the rest (a temperature or top_p out
+    of range, a seed below -1, a mode it does not serve, a prompt over its context) and answers
+    with Invalid too. Zeros mean the node's default (max_new_tokens), greedy (temperature), off
+    (top_k, top_p); seed -1 is random."""
     if not isinstance(prompt, str):
         raise Invalid(f"prompt must be a string, got {type(prompt).__name__}")
     if not isinstance(mode, str):
         raise Invalid(f"mode must be a string, got {mode!r}")
     return {"prompt": prompt, "max_new_tokens": _checked_int("max_new_tokens", max_new_tokens, UINT32),
-            "temperature": _checked_float("temperature", temperature, 0.0), "top_k": _checked_int("top_k", top_k, UINT32),
-            "top_p": _checked_float("top_p", top_p, 0.0, 1.0), "seed": _checked_int("seed", seed, INT64),
+            "temperature": _checked_float("temperature", temperature), "top_k": _checked_int("top_k", top_k, UINT32),
+            "top_p": _checked_float("top_p", top_p), "seed": _checked_int("seed", seed, INT64),
             "stop": _strings("stop", stop), "choices": _strings("choices", choices), "mode": mode}
+
+
+def result_of(response: Any) -> Result:
+    """The Result of a GetResult response. A goal the server aborted or cancelled whose result says OK
+    was ended without a result of its own (the embedded runtime's server answers so when its execute
+    callback raises): Failed (or Cancelled), never an answer."""
+    result = Result.from_msg(response.result)
+    if result.status == Status.OK and response.status in (STATUS_ABORTED, STATUS_CANCELED):
+        cancelled = response.status == STATUS_CANCELED
+        reason = result.finish_reason or ("cancelled" if cancelled else
+                                          "error: the server aborted the goal without a result (its execute "
+                                          "callback failed; see the server's log)")
+        result = dataclasses.replace(result, status=Status.CANCELLED if cancelled else Status.FAILED,
+                                     finish_reason=reason)
+    return result
 
 
 class Request:
@@ -123,7 +140,7 @@ class Request:
                     response = goals.wait_result(self.llm.client, self.handle, left, result_future=self._future)
                 except NoAnswer:
                     raise self._no_answer() from None
-                self._finish(Result.from_msg(response.result))
+                self._finish(result_of(response))
             except BaseException as exc:
                 if (error := self._fail(exc)) is exc:
                     raise
@@ -193,7 +210,7 @@ class Request:
     def _arrived(self) -> Result:
         """The result of a done future as a record (raising what ended the request without one)."""
         try:
-            return Result.from_msg(self._future.result().result)
+            return result_of(self._future.result())
         except BaseException as exc:
             if (error := self._fail(exc)) is exc:
                 raise

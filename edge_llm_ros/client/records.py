@@ -37,8 +37,10 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Stats:
-    """msg/InferenceStats as plain values (the header left out); see the message for each field."""
+    """msg/InferenceStats as plain values, its header's stamp as ``stamp`` (seconds since the epoch);
+    see the message for each field."""
 
+    stamp: float = 0.0
     node_name: str = ""
     request_id: str = ""
     mode: str = ""
@@ -63,11 +65,10 @@ class Stats:
     @classmethod
     def from_msg(cls, msg: Any) -> Stats:
         """The fields of an InferenceStats message (either runtime's class), each as its Python type."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            if hasattr(msg, f.name):
-                values[f.name] = _CASTS[str(f.type)](getattr(msg, f.name))
-        return cls(**values)
+        values = {f.name: _CASTS[str(f.type)](getattr(msg, f.name)) for f in dataclasses.fields(cls)
+                  if f.name != "stamp" and hasattr(msg, f.name)}
+        stamp = msg.header.stamp
+        return cls(stamp=stamp.sec + stamp.nanosec * 1e-9, **values)
 
 
 @dataclass(frozen=True)

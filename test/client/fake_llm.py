@@ -5,6 +5,7 @@ client library is tested against the action protocol itself (no model):
     short N K      N tokens in the result, only the first K of them as feedback
     status CODE    ends at once with RequestStatus CODE and finish_reason "error: scripted CODE"
     hold           one token of feedback, then waits for a cancel (CANCELLED) or 30 s (FAILED)
+    bare           aborted with an empty result (its code OK), as a server whose callback failed answers
     busy           rejected when sent
 
 Every goal's cancel request is recorded (``cancelled``: prompts whose goal saw one).
@@ -25,6 +26,7 @@ class FakeLLM:
         self.Generate = host.action("edge_llm_ros/action/Generate")
         self.RequestStatus = host.message("edge_llm_ros/msg/RequestStatus")
         self.Stats = host.message("edge_llm_ros/msg/InferenceStats")
+        self.Header, self.Time = host.message("std_msgs/msg/Header"), host.message("builtin_interfaces/msg/Time")
         self.cancelled: list[str] = []
         self.cancel_seen = threading.Event()
         if host.backend == "rclpy":
@@ -41,7 +43,7 @@ class FakeLLM:
         return self._reject if goal.prompt == "busy" else self._accept
 
     def result(self, tokens, code=0, reason="eos", text=None):
-        stats = self.Stats(node_name="fake_llm", request_id="r1", mode="ar", backend="llama.cpp", tokens=len(tokens),
+        stats = self.Stats(header=self.Header(stamp=self.Time(sec=1700000000, nanosec=250000000)), node_name="fake_llm", request_id="r1", mode="ar", backend="llama.cpp", tokens=len(tokens),
                            tokens_per_s=12.5, ttft_s=0.25, alt=1.5, alr=2.25, drafts=3, draft_forwards=7,
                            draft_time_s=0.5, draft_time_is_cpu=True, ignored_results=2)
         text = " ".join(f"t{t}" for t in tokens) if text is None else text
@@ -70,6 +72,9 @@ class FakeLLM:
         if words[0] == "status":
             handle.abort()
             return self.result([], code=int(words[1]), reason=f"error: scripted {words[1]}")
+        if words[0] == "bare":
+            handle.abort()
+            return self.Generate.Result()
         if words[0] == "hold":
             self.feedback(handle, [1], True)
             deadline = time.monotonic() + HOLD_S

@@ -7,7 +7,9 @@ outputs, equal seeds give equal samples, a cancelled goal frees its slot and the
 client that dies mid-goal frees its slot. Bad input: a prompt over the context window and an
 unknown mode abort that goal with the reason; 50 goals at once with capacity 8 are refused as
 busy beyond it and the accepted ones all finish; a malformed plan is refused and the old one stays.
-Its lifecycle: goals are refused unless it is active, cleanup frees the model.
+Its lifecycle: goals are refused unless it is active, cleanup frees the model. Goals go through
+edge_llm_ros.client: a refusal is the exception of its RequestStatus code (Busy, Invalid, Inactive,
+Cancelled).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from hosts import BACKENDS, host_for
 from support import REPO, Proc, cli, generate_cli, stamped_now, wait_until
 
+from edge_llm_ros import errors
+from edge_llm_ros.client import LLMClient, NoAnswer
+
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
 PARAMS = str(REPO / "config" / "pipeline.yaml")
-STATUS_SUCCEEDED, STATUS_CANCELED, STATUS_ABORTED = 4, 5, 6
 PROMPTS = ("Describe how a robot should explore a new house.", "Write a short poem about the sea.",
            "Explain how a robot vacuum cleaner maps a room.", "Give three tips for charging a battery safely.",
            "What should a delivery robot do when a door is closed?")
@@ -69,39 +74,26 @@ def solo():
 @pytest.fixture(scope="module")
 def server(request, router_endpoint, no_plan):
     """serve_node as a process on the backend the test names (``indirect``; default the embedded
-    one); yields (process, probe node, action client, node host)."""
+    one); yields (process, probe node, a client of its generate action on the probe, node host)."""
     host = host_for(request, getattr(request, "param", "zenoh"))
     proc = Proc(serve_cmd(f"max_requests:={CAPACITY}", "max_pending:=0", "max_new_tokens:=32",
                           f"context:={CONTEXT}", "stats_period_s:=0.5"), env={**no_plan, **host.child_env})
     probe = host.Node("serve_probe", namespace="edge_llm")
-    client = host.ActionClient(probe, host.action("edge_llm_ros/action/Generate"), "generate")
+    llm = LLMClient("/edge_llm", node=probe, timeout=180.0)
     try:
         proc.wait_for_line("serving ar on llama.cpp (continuous batching", 180)
         proc.wait_for_line(f"runtime: {host.backend}", 10)
-        assert client.wait_for_server(30)
-        yield proc, probe, client, host
+        assert llm.wait_until_ready(30) == "/edge_llm/serve_node"
+        yield proc, probe, llm, host
     finally:
-        client.destroy()
+        llm.close()
         probe.destroy_node()
         proc.stop()
 
 
-def send(host, client, prompt: str, **goal):
-    """Send a Generate goal: (goal handle, feedback list, first-feedback event)."""
-    Generate = host.action("edge_llm_ros/action/Generate")
-    feedback, first = [], threading.Event()
-
-    def on_feedback(msg) -> None:
-        feedback.append(msg.feedback)
-        first.set()
-
-    handle = client.send_goal_async(Generate.Goal(prompt=prompt, **goal), on_feedback).result(30)
-    return handle, feedback, first
-
-
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
 def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
-    proc, probe, client, host = server
+    proc, probe, llm, host = server
 
     expected = generate_cli(PROMPTS[0], 32)
     chunks, done = [], threading.Event()
@@ -127,74 +119,70 @@ def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
     finally:
         probe.destroy_subscription(sub)
 
-    handle, feedback, _ = send(host, client, PROMPTS[0])
-    response = handle.get_result_async().result(120)
-    assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
-    assert response.result.text == expected and list(response.result.token_ids) == solo(PROMPTS[0], 32)
-    wait_until(lambda: "".join(f.text_delta for f in feedback) == expected, 20, "the streamed text")
-    stats = response.result.stats
+    stream = llm.stream(PROMPTS[0])
+    chunks = list(stream)
+    result = stream.result()
+    assert result.status == errors.Status.OK and result.finish_reason == "length"
+    assert result.text == expected and result.token_ids == solo(PROMPTS[0], 32)
+    assert "".join(c.text for c in chunks) == expected and [t for c in chunks for t in c.token_ids] == result.token_ids
+    stats = result.stats
     assert stats.mode == "ar" and stats.backend == "llama.cpp" and stats.tokens == 32
-    assert stats.tokens_per_s > 0 and 0 < stats.ttft_s < 60 and stamped_now(stats)
+    assert stats.tokens_per_s > 0 and 0 < stats.ttft_s < 60 and abs(stats.stamp - time.time()) < 120
 
 
 def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo):
-    proc, probe, client, host = server
+    proc, probe, llm, host = server
     greedy = [(PROMPTS[i], n) for i, n in zip(range(4), (8, 16, 24, 32))]
     sampled = [dict(temperature=0.8, top_k=40, seed=5), dict(temperature=0.8, top_k=40, seed=5),
                dict(temperature=1.2, seed=6)]
-    goals = [send(host, client, p, max_new_tokens=n) for p, n in greedy]
-    goals += [send(host, client, PROMPTS[4], max_new_tokens=16, **s) for s in sampled]
-    doomed, doomed_feedback, first = send(host, client, PROMPTS[1], max_new_tokens=400)
-    assert all(g[0].accepted for g in goals) and doomed.accepted
-    assert first.wait(120)
-    doomed.cancel_goal_async().result(30)
-    cancelled = doomed.get_result_async().result(60)
-    assert cancelled.status == STATUS_CANCELED and cancelled.result.finish_reason == "cancelled"
-    assert 0 < len(cancelled.result.token_ids) < 400
-    late, _, _ = send(host, client, PROMPTS[2], max_new_tokens=12)  # the freed slot, while the others run
-    assert late.accepted
-    results = [g[0].get_result_async().result(180) for g in goals]
-    for (prompt, n), response in zip(greedy, results):
-        assert response.status == STATUS_SUCCEEDED and list(response.result.token_ids) == solo(prompt, n)
-    a, b, c = (r.result for r in results[4:])
-    assert list(a.token_ids) == list(b.token_ids) and len(a.token_ids) > 0  # the same seed, the same sample
-    assert list(c.token_ids) != list(a.token_ids)
-    late_result = late.get_result_async().result(120)
-    assert late_result.status == STATUS_SUCCEEDED and list(late_result.result.token_ids) == solo(PROMPTS[2], 12)
+    goals = [llm.submit(p, max_new_tokens=n) for p, n in greedy]  # each taken by the server (else Busy)
+    goals += [llm.submit(PROMPTS[4], max_new_tokens=16, **s) for s in sampled]
+    doomed = llm.stream(PROMPTS[1], max_new_tokens=400)
+    chunks = iter(doomed)
+    assert next(chunks).token_ids
+    doomed.cancel()
+    with pytest.raises(errors.Cancelled) as cancelled:
+        list(chunks)
+    assert cancelled.value.result.finish_reason == "cancelled" and cancelled.value.status == errors.Status.CANCELLED
+    assert 0 < len(cancelled.value.result.token_ids) < 400
+    late = llm.submit(PROMPTS[2], max_new_tokens=12)  # the freed slot, while the others run
+    results = [g.result() for g in goals]
+    for (prompt, n), result in zip(greedy, results):
+        assert result.token_ids == solo(prompt, n)
+    a, b, c = results[4:]
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0  # the same seed, the same sample
+    assert c.token_ids != a.token_ids
+    assert late.result().token_ids == solo(PROMPTS[2], 12)
 
 
 def test_bad_goals_abort_with_the_reason_and_the_node_goes_on(server, solo):
-    proc, probe, client, host = server
-    long_handle, _, _ = send(host, client, "robot " * 600)
-    response = long_handle.get_result_async().result(60)
-    assert response.status == STATUS_ABORTED and f"context window is {CONTEXT}" in response.result.finish_reason
-    mode_handle, _, _ = send(host, client, PROMPTS[0], mode="warp")
-    response = mode_handle.get_result_async().result(60)
-    assert response.status == STATUS_ABORTED and "unknown mode 'warp'" in response.result.finish_reason
-    for goal, named in ((dict(temperature=math.nan), "temperature"), (dict(top_p=1.5), "top_p"),
-                        (dict(seed=-2), "seed")):
-        handle, _, _ = send(host, client, PROMPTS[0], **goal)
-        response = handle.get_result_async().result(60)
-        assert response.status == STATUS_ABORTED and named in response.result.finish_reason
-    ok, _, _ = send(host, client, PROMPTS[3], max_new_tokens=8)
-    assert list(ok.get_result_async().result(60).result.token_ids) == solo(PROMPTS[3], 8)
+    """Each is refused as Invalid (RequestStatus INVALID), its reason in finish_reason."""
+    proc, probe, llm, host = server
+    for prompt, goal, named in (("robot " * 600, {}, f"context window is {CONTEXT}"),
+                                (PROMPTS[0], dict(mode="warp"), "unknown mode 'warp'"),
+                                (PROMPTS[0], dict(temperature=math.nan), "temperature"),
+                                (PROMPTS[0], dict(top_p=1.5), "top_p"), (PROMPTS[0], dict(seed=-2), "seed")):
+        with pytest.raises(errors.Invalid) as refused:
+            llm.generate(prompt, timeout=60, **goal)
+        assert named in refused.value.result.finish_reason and named in str(refused.value)
+    assert llm.generate(PROMPTS[3], max_new_tokens=8).token_ids == solo(PROMPTS[3], 8)
 
 
 def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
-    proc, probe, client, host = server
-
-    Generate = host.action("edge_llm_ros/action/Generate")
-    futures = [client.send_goal_async(Generate.Goal(prompt=PROMPTS[i % 5], max_new_tokens=48)) for i in range(50)]
-    handles = [f.result(60) for f in futures]
-    accepted = [h for h in handles if h.accepted]
-    assert CAPACITY <= len(accepted) < 50  # a goal that ended while others were sent frees its slot
-    results = [h.get_result_async().result(300) for h in accepted]
-    assert all(r.status == STATUS_SUCCEEDED and len(r.result.token_ids) > 0 for r in results)
+    proc, probe, llm, host = server
+    accepted, refused = [], 0
+    for i in range(50):
+        try:
+            accepted.append(llm.submit(PROMPTS[i % 5], max_new_tokens=48, timeout=300))
+        except errors.Busy:
+            refused += 1
+    assert CAPACITY <= len(accepted) < 50 and refused == 50 - len(accepted)  # an ended goal frees its slot
+    assert all(len(r.result().token_ids) > 0 for r in accepted)
     proc.wait_for_line("goal rejected, busy", 10)
 
 
 def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
-    proc, probe, client, host = server
+    proc, probe, llm, host = server
     from edge_llm_ros.nodes.common import latched_qos
 
     Plan = host.message("edge_llm_ros/msg/Plan")
@@ -209,32 +197,21 @@ def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
     pub.publish(Plan(mode="ar", backend="llama.cpp", reason="test: same as before"))
     proc.wait_for_line("plan: now ar on llama.cpp (continuous batching, up to 8 requests per llama_decode) "
                        "(no reload)", 30)
-    handle, _, _ = send(host, client, PROMPTS[0], max_new_tokens=8)
-    assert list(handle.get_result_async().result(60).result.token_ids) == solo(PROMPTS[0], 8)
+    assert llm.generate(PROMPTS[0], max_new_tokens=8).token_ids == solo(PROMPTS[0], 8)
     # another backend: loaded without a restart; the node serves on torch from then on
     pub.publish(Plan(mode="sd", backend="torch", gamma=2, reason="test: torch now"))
     proc.wait_for_line("plan: loaded torch, now serving sd γ=2 on torch (8 requests interleaved)", 180)
-    handle, _, _ = send(host, client, PROMPTS[0], max_new_tokens=8)
-    response = handle.get_result_async().result(120)
-    assert response.status == STATUS_SUCCEEDED and len(response.result.token_ids) == 8
-    assert (response.result.stats.mode, response.result.stats.backend) == ("sd", "torch")
+    result = llm.generate(PROMPTS[0], max_new_tokens=8, timeout=120)
+    assert len(result.token_ids) == 8 and (result.stats.mode, result.stats.backend) == ("sd", "torch")
 
 
 CLIENT_THAT_DIES = '''
-import os, sys, threading
-from edge_llm_ros.runtime import embedded
-from edge_llm_ros import runtime as rt
-embedded.init(args=[])
-ctx = embedded.get_context()
-threading.Thread(target=lambda: [embedded.spin_once(0.1, ctx) for _ in iter(int, 1)], daemon=True).start()
-node = rt.Node("doomed_client", namespace=sys.argv[1])
-client = rt.ActionClient(node, rt.action("edge_llm_ros/action/Generate"), "generate")
-assert client.wait_for_server(60)
-first = threading.Event()
-Generate = rt.action("edge_llm_ros/action/Generate")
-handle = client.send_goal_async(Generate.Goal(prompt="Tell me a long story.", max_new_tokens=2000),
-                                lambda msg: first.set()).result(30)
-assert handle.accepted and first.wait(120)
+import os, sys
+from edge_llm_ros.client import LLMClient, NoAnswer
+llm = LLMClient(sys.argv[1])
+llm.wait_until_ready(60)
+chunks = iter(llm.stream("Tell me a long story.", max_new_tokens=2000))  # kept: a stream let go cancels
+next(chunks)
 print("got feedback, dying", flush=True)
 os._exit(0)
 '''
@@ -252,15 +229,21 @@ def test_a_client_that_dies_mid_goal_frees_its_slot(request, router_endpoint, no
         dying.wait_for_line("got feedback, dying", 120)
         proc.wait_for_line("client gone, cancelled", 20)
         probe = host.Node("gone_probe", namespace="gone")
-        client = host.ActionClient(probe, host.action("edge_llm_ros/action/Generate"), "generate")
+        llm = LLMClient("/gone", node=probe, timeout=60.0)
+
+        def take_the_slot():
+            try:
+                return llm.submit(PROMPTS[0], max_new_tokens=4)
+            except errors.Busy:
+                return None
+
         try:
-            assert client.wait_for_server(30)
+            llm.wait_until_ready(30)
             # the only slot is free again once the cancelled goal has ended (its next step)
-            handle = wait_until(lambda: (h := send(host, client, PROMPTS[0], max_new_tokens=4)[0]).accepted and h, 20,
-                                "the dead client's slot")
-            assert handle.get_result_async().result(60).status == STATUS_SUCCEEDED
+            request = wait_until(take_the_slot, 20, "the dead client's slot")
+            assert len(request.result().token_ids) == 4
         finally:
-            client.destroy()
+            llm.close()
             probe.destroy_node()
     finally:
         proc.stop()
@@ -295,16 +278,17 @@ def test_the_lifecycle_refuses_goals_unless_active_and_cleanup_frees_the_model(s
     """A managed node (nodes/managed.py) driven by `ros2 lifecycle` (rclpy) or `edge-llm-ros lifecycle`:
     inactive and unconfigured it aborts goals with the reason; cleanup frees the model (RSS drops);
     configure and activate serve again, with the same answer as before."""
-    proc, probe, client, host = server
+    proc, probe, llm, host = server
     node = "/edge_llm/serve_node"  # active (autostart); `get` is tested in test_ros2.py and test_lifecycle.py
 
     def refused(state: str) -> None:
-        handle, _, _ = send(host, client, PROMPTS[2], max_new_tokens=4)
-        response = handle.get_result_async().result(60)
-        assert response.status == STATUS_ABORTED
+        with pytest.raises(errors.Inactive) as caught:
+            llm.generate(PROMPTS[2], max_new_tokens=4, timeout=60)
         steps = f"ros2 lifecycle set {node} configure; " if state == "unconfigured" else ""
-        assert response.result.finish_reason == (
+        assert caught.value.result.finish_reason == (
             f"error: inactive: {node} is {state}, not active ({steps}ros2 lifecycle set {node} activate)")
+        with pytest.raises(NoAnswer, match=f"{node} is {state}, not active"):  # not ready: its lifecycle state
+            llm.wait_until_ready(1.0)
 
     assert "Transitioning successful" in lifecycle(host, "set", node, "deactivate")
     refused("inactive")
@@ -317,5 +301,5 @@ def test_the_lifecycle_refuses_goals_unless_active_and_cleanup_frees_the_model(s
     assert "Transitioning successful" in lifecycle(host, "set", node, "configure")
     assert rss_mb(proc.popen.pid) > freed + 0.5 * (loaded - freed)  # loaded again
     assert "Transitioning successful" in lifecycle(host, "set", node, "activate")
-    handle, _, _ = send(host, client, PROMPTS[2], max_new_tokens=8)
-    assert list(handle.get_result_async().result(60).result.token_ids) == solo(PROMPTS[2], 8)
+    assert llm.wait_until_ready(30) == node
+    assert llm.generate(PROMPTS[2], max_new_tokens=8).token_ids == solo(PROMPTS[2], 8)
