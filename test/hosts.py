@@ -3,14 +3,11 @@ against nodes on the embedded backend and against nodes under rclpy without a co
 
     host.Node(name, namespace=...)                      # rclpy's Node methods on both
     host.message(name), host.action(name)               # the backend's classes
-    client = host.ActionClient(node, host.action(...), "generate")
-    handle = client.send_goal_async(goal, on_feedback).result(30)   # futures wait with a timeout
-    handle.get_result_async().result(120); handle.cancel_goal_async().result(20)
+    llm = LLMClient("/edge_llm", node=host.Node(...))   # Generate goals: edge_llm_ros.client, on either
     host.child_env                                      # environment for node processes to match
 
 The embedded host is the session's (conftest.rt_session). The rclpy host spins a
-MultiThreadedExecutor on a context of its own in a daemon thread; its futures are rclpy's, wrapped
-so that result(timeout) waits as the embedded backend's do.
+MultiThreadedExecutor on a context of its own in a daemon thread.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ class EmbeddedHost:
     backend = "zenoh"
 
     def __init__(self, embedded: Any) -> None:
-        from edge_llm_ros.runtime.actions import ActionClient
         from edge_llm_ros.runtime.interfaces import registry
 
-        self._embedded, self._registry, self.ActionClient = embedded, registry(), ActionClient
+        self._embedded, self._registry = embedded, registry()
         self.child_env = {"EDGE_LLM_BACKEND": "zenoh"}
 
     def Node(self, name: str, namespace: str = "") -> Any:
@@ -39,49 +35,6 @@ class EmbeddedHost:
 
     def action(self, name: str) -> Any:
         return self._embedded.ActionClass(name)
-
-
-class Waitable:
-    """An rclpy future whose result(timeout) waits for it (TimeoutError when it does not come)."""
-
-    def __init__(self, future: Any, wrap=lambda value: value) -> None:
-        self._future, self._wrap, self._done = future, wrap, threading.Event()
-        future.add_done_callback(lambda _: self._done.set())
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"no result within {timeout} s")
-        return self._wrap(self._future.result())
-
-
-class GoalHandle:
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
-        self.accepted = handle.accepted
-
-    def get_result_async(self) -> Waitable:
-        return Waitable(self._handle.get_result_async())
-
-    def cancel_goal_async(self) -> Waitable:
-        return Waitable(self._handle.cancel_goal_async())
-
-
-class RclpyActionClient:
-    def __init__(self, node: Any, action_type: Any, name: str) -> None:
-        from edge_llm_ros.runtime.ros import ActionClient
-
-        # a streamed answer's feedback, all of it, also while this process's executor is busy
-        self._client = ActionClient(node, action_type, name)
-        self._node = node
-
-    def wait_for_server(self, timeout_sec: float) -> bool:
-        return self._client.wait_for_server(timeout_sec=timeout_sec)
-
-    def send_goal_async(self, goal: Any, feedback_callback=None) -> Waitable:
-        return Waitable(self._client.send_goal_async(goal, feedback_callback=feedback_callback), GoalHandle)
-
-    def destroy(self) -> None:
-        self._client.destroy()
 
 
 class RclpyHost:
@@ -101,7 +54,6 @@ class RclpyHost:
         self._closing = False
         self._thread = threading.Thread(target=self._spin, daemon=True, name="rclpy-host")
         self._thread.start()
-        self.ActionClient = RclpyActionClient
         self.child_env = {"EDGE_LLM_BACKEND": "rclpy", "ROS_DOMAIN_ID": str(domain_id)}
 
     def _spin(self) -> None:

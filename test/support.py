@@ -1,4 +1,5 @@
-"""Helpers the tests share: child processes with collected output, event-style waits, the CLI.
+"""Helpers the tests share: child processes with collected output, event-style waits, the CLI, a
+client request followed to its end (Followed).
 
 A module of its own (not conftest) so that `from support import ...` is unambiguous.
 """
@@ -114,6 +115,42 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(5)
+
+
+class Followed:
+    """A request of edge_llm_ros.client (``LLMClient.stream(...)``) read to its end on a thread of its
+    own: its chunks as they come (``first`` set at the first), then its result or what it raised."""
+
+    def __init__(self, request) -> None:
+        self.request, self.chunks = request, []
+        self.first, self.ended = threading.Event(), threading.Event()
+        self.result, self.error = None, None
+        threading.Thread(target=self._follow, daemon=True, name="followed").start()
+
+    def _follow(self) -> None:
+        try:
+            for chunk in self.request:
+                self.chunks.append(chunk)
+                self.first.set()
+            self.result = self.request.result()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by wait()
+            self.error = exc
+        finally:
+            self.ended.set()
+
+    def wait(self, timeout: float):
+        """The request's Result, or what it raised (an edge_llm_ros.errors exception, NoAnswer, ...)."""
+        if not self.ended.wait(timeout):
+            raise AssertionError(f"the request did not end within {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def streamed(self) -> tuple[list[int], str]:
+        """The token ids and text that came as feedback (never the result's own tail, which a stream
+        yields as a filled chunk when feedback went missing)."""
+        assert not any(c.filled for c in self.chunks), "feedback went missing: the stream filled it from the result"
+        return [t for c in self.chunks for t in c.token_ids], "".join(c.text for c in self.chunks)
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -184,7 +184,7 @@ class Request:
         if tokens < len(result.token_ids):  # never came: the result's own tail
             said = "".join(text)
             yield Chunk(result.token_ids[tokens:], result.text[len(said):] if result.text.startswith(said) else "",
-                        at=time.monotonic())
+                        at=time.monotonic(), filled=True)
         self._finish(result)
         self._settled()
 

@@ -22,12 +22,14 @@ _CASTS = {"str": str, "int": int, "float": float, "bool": bool}
 @dataclass(frozen=True)
 class Chunk:
     """Tokens the server accepted in one step, the text they add, the target's probability of each
-    (empty where the server does not send them), and when it arrived here (time.monotonic())."""
+    (empty where the server does not send them), when it arrived here (time.monotonic()), and
+    ``filled``: True for the one chunk a stream takes from the result, of what never came as feedback."""
 
     token_ids: list[int]
     text: str
     probs: list[float] = field(default_factory=list)
     at: float = 0.0
+    filled: bool = False
 
     @classmethod
     def from_feedback(cls, feedback: Any, at: float) -> Chunk:

@@ -68,7 +68,7 @@ def test_stream_yields_chunks_that_add_up_to_the_result(served):
     chunks = list(request)
     assert sent < chunks[0].at <= chunks[-1].at <= time.monotonic() and sent < request.ended_at  # arrival times
     assert [c.token_ids for c in chunks] == [[1], [2], [3], [4], [5], [6]]
-    assert all(c.probs == [0.5] for c in chunks)
+    assert all(c.probs == [0.5] and not c.filled for c in chunks)
     result = request.result()
     assert "".join(c.text for c in chunks) == result.text == "t1 t2 t3 t4 t5 t6"
 
@@ -80,6 +80,7 @@ def test_feedback_that_never_comes_is_yielded_from_the_result(served, monkeypatc
     assert [t for c in chunks for t in c.token_ids] == [1, 2, 3, 4, 5]
     assert "".join(c.text for c in chunks) == "t1 t2 t3 t4 t5"
     assert chunks[-1].token_ids == [3, 4, 5] and chunks[-1].probs == []
+    assert chunks[-1].filled and not any(c.filled for c in chunks[:-1])
 
 
 @pytest.mark.parametrize("code", sorted(FAILING))

@@ -5,7 +5,7 @@ process-info handlers) say what each node wrote and how it ended.
 
 - edge_cloud.launch.py: verifier_node and draft_node come up under rclpy, with the loopback-only DDS
   environment and a ROS domain of this module's own; a Generate goal sent to /edge_llm/generate by
-  an rclpy ActionClient streams feedback that adds up to the result, and the result is the target's
+  edge_llm_ros.client on an rclpy node streams feedback that adds up to the result, and the result is the target's
   greedy text (`edge-llm-ros generate --mode ar`); no node socket is connected off loopback; at
   shutdown every node exits 0 without a traceback, and so does the launch.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from hosts import RclpyHost
-from support import REPO, assert_loopback_only, check_loopback_only, generate_cli, wait_until
+from support import REPO, Followed, assert_loopback_only, check_loopback_only, generate_cli
 
 # installed with ROS 2 (make ros2); under CI a missing one fails the run, as ros2_env does
 launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.slow  # launched node processes with SmolLM2
 NODES = ("verifier_node", "draft_node")
 PROMPT = "Name three colours."
 MAX_NEW_TOKENS = 24
-STATUS_SUCCEEDED = 4  # action_msgs/GoalStatus
 UP_S = 240  # both nodes loading SmolLM2 side by side on 2 cores
 
 
@@ -148,12 +147,14 @@ def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
 
 @pytest.fixture(scope="module")
 def client(ros2_env, domain_id):
-    """An rclpy ActionClient for /edge_llm/generate, on a context of its own in the launch's domain."""
+    """(host, LLMClient of /edge_llm/generate): an rclpy node on a context of its own in the launch's domain."""
+    from edge_llm_ros.client import LLMClient
+
     host = RclpyHost(domain_id=domain_id)
     node = host.Node("launch_test_client", namespace="edge_llm")
-    action = host.ActionClient(node, host.action("edge_llm_ros/action/Generate"), "generate")
-    yield host, action
-    action.destroy()
+    llm = LLMClient("/edge_llm", node=node, timeout=240.0)
+    yield host, llm
+    llm.close()
     node.destroy_node()
     host.close()
 
@@ -182,6 +183,17 @@ def wait_until_serving(io, proc_info, transitions, node: str) -> None:
                     f"{UP_S} s; it wrote:\n{output(io, node)[-3000:]}")
 
 
+def ready(llm, io) -> str:
+    """Until /edge_llm/generate answers and its node is active (LLMClient.wait_until_ready); fail with
+    the nodes' output if not within UP_S."""
+    from edge_llm_ros.client import NoAnswer
+
+    try:
+        return llm.wait_until_ready(UP_S)
+    except NoAnswer as exc:
+        pytest.fail(f"{exc}: " + "\n".join(f"{node}:\n{output(io, node)[-1500:]}" for node in NODES))
+
+
 def process(proc_info, node: str):
     import psutil
 
@@ -202,28 +214,16 @@ def test_edge_cloud_launch_brings_both_nodes_up_under_rclpy_on_loopback(io, proc
 
 @pytest.mark.launch(fixture=edge_cloud)
 def test_a_goal_to_the_launched_nodes_streams_the_target_greedy_text(client, io, proc_info, transitions):
-    host, action = client
-    Generate = host.action("edge_llm_ros/action/Generate")
+    host, llm = client
     with ThreadPoolExecutor(1) as pool:
         expected = pool.submit(generate_cli, PROMPT, MAX_NEW_TOKENS, "torch")  # while the nodes come up
         for node in NODES:
             wait_until_serving(io, proc_info, transitions, node)
-        assert action.wait_for_server(UP_S), "no /edge_llm/generate server: " + "\n".join(
-            f"{node}:\n{output(io, node)[-1500:]}" for node in NODES)
-        feedback, lock = [], threading.Lock()
-
-        def on_feedback(msg) -> None:
-            with lock:
-                feedback.append(msg.feedback.text_delta)
-
-        handle = action.send_goal_async(Generate.Goal(prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS),
-                                        on_feedback).result(30)
-        assert handle.accepted
-        response = handle.get_result_async().result(240)
-        assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
-        text = response.result.text
-        wait_until(lambda: "".join(feedback) == text, 20, f"the feedback to add up to the result, {text!r}")
-        assert len(feedback) > 1 and text == expected.result(300)
+        ready(llm, io)
+        sent = Followed(llm.stream(PROMPT, max_new_tokens=MAX_NEW_TOKENS))
+        result = sent.wait(240)
+        assert sent.streamed()[1] == result.text  # the feedback adds up to the result
+        assert len(sent.chunks) > 1 and result.text == expected.result(300)
     for node in NODES:
         assert_loopback_only(process(proc_info, node))
 

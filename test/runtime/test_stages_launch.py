@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from support import assert_loopback_only, generate_cli
 from test_launch_files import (  # noqa: F401  (fixtures, used by name)
-    STATUS_SUCCEEDED,
     UP_S,
     client,
     domain_id,
@@ -24,6 +23,7 @@ from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     launch_env,
     outer_env,
     proc_info,
+    ready,
     transitions,
 )
 
@@ -66,14 +66,15 @@ def stages(plan, launch_env, outer_env, io, proc_info, transitions):
 
 def parameters(node, fqn: str, names: list[str]) -> list:
     """``names`` of node ``fqn`` through its get_parameters service (rcl_interfaces), as Python values."""
-    from hosts import Waitable
     from rcl_interfaces.srv import GetParameters
     from rclpy.parameter import parameter_value_to_python
+
+    from edge_llm_ros.runtime.goals import wait_for
 
     service = node.create_client(GetParameters, f"{fqn}/get_parameters")
     try:
         assert service.wait_for_service(timeout_sec=30), f"no {fqn}/get_parameters"
-        answer = Waitable(service.call_async(GetParameters.Request(names=names))).result(UP_S)
+        answer = wait_for(service.call_async(GetParameters.Request(names=names)), UP_S, f"{fqn}/get_parameters")
         return [parameter_value_to_python(value) for value in answer.values]
     finally:
         node.destroy_client(service)
@@ -101,26 +102,21 @@ def test_the_plan_launches_its_stages_and_answers_with_the_target_greedy_text(pl
 
     path, planned = plan
     assert len(planned.stages) == 2
-    host, action = client
-    Generate = host.action("edge_llm_ros/action/Generate")
+    host, llm = client
     with ThreadPoolExecutor(1) as pool:
         expected = pool.submit(generate_cli, PROMPT, MAX_NEW_TOKENS, "torch")  # while the nodes come up
         for name in NODES:
             wait_until_active(io, proc_info, transitions, name)
         assert launched(proc_info, "stage_2") is None  # one stage per range of the plan
-        assert action.wait_for_server(UP_S), "no /edge_llm/generate server: " + "".join(
-            event.text.decode(errors="replace") for event in io)[-3000:]
+        assert ready(llm, io) == "/edge_llm/draft_node"
         probe = host.Node("stages_launch_probe")
         got = parameters(probe, "/edge_llm/draft_node",
                          ["layers", "mode", "segment", "in_flight", "prefill_chunk", "max_new_tokens"])
         assert got == [planned.layers, planned.mode, planned.segment, planned.in_flight, planned.prefill_chunk,
                        MAX_NEW_TOKENS]
         assert parameters(probe, "/edge_llm/stage_1", ["layers", "index"]) == [planned.layers, 1]
-        handle = action.send_goal_async(Generate.Goal(prompt=PROMPT)).result(UP_S)  # max_new_tokens: the node's
-        assert handle.accepted
-        response = handle.get_result_async().result(240)
-        assert response.status == STATUS_SUCCEEDED, response.result.finish_reason
-        assert response.result.text == expected.result(300)
-        assert response.result.stats.mode == planned.mode
+        result = llm.generate(PROMPT, timeout=240)  # max_new_tokens: the node's
+        assert result.text == expected.result(300)
+        assert result.stats.mode == planned.mode
     for name in NODES:
         assert_loopback_only(psutil.Process(proc_info[launched(proc_info, name)].pid))
