@@ -150,6 +150,9 @@ class Request:
     def __iter__(self) -> Iterator[Chunk]:
         if self._chunks is None:
             raise TypeError("this request was not sent to be streamed: use LLMClient.stream()")
+        if self.done():  # read before: nothing more comes (its failure, if it failed)
+            self._settled()
+            return
         try:
             yield from self._stream(self._chunks)
         finally:

@@ -71,6 +71,7 @@ def test_stream_yields_chunks_that_add_up_to_the_result(served):
     assert all(c.probs == [0.5] and not c.filled for c in chunks)
     result = request.result()
     assert "".join(c.text for c in chunks) == result.text == "t1 t2 t3 t4 t5 t6"
+    assert list(request) == []  # read already: nothing more comes
 
 
 def test_feedback_that_never_comes_is_yielded_from_the_result(served, monkeypatch):
