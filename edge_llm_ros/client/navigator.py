@@ -12,7 +12,8 @@ one stops the robot) and, when the episode ends, publishes its summary latched o
 publishes the instruction and returns the first summary of an episode newer than the last one
 this client had seen, for that instruction, as an :class:`Episode`; NoAnswer after its timeout.
 The summary names the instruction, not who sent it: two programs that send the same instruction
-at once cannot tell their episodes apart.
+at once cannot tell their episodes apart; and a navigator that restarts numbers its episodes
+from 1 again, so a client made before the restart waits in vain (make a new one).
 """
 
 from __future__ import annotations
