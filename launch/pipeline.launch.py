@@ -2,7 +2,7 @@
 /edge_llm/instruction comes back as a TokenChunk stream on /edge_llm/response; the
 /edge_llm/generate action streams the same text; the monitor reports stats.
 
-    edge-llm-ros launch pipeline [max_requests:=8 backend:=torch ...]   # embedded backend, no ROS 2 needed
+    edge-llm-ros launch pipeline [max_requests:=8 engine:=torch ...]   # embedded backend, no ROS 2 needed
     ros2 launch edge_llm_ros pipeline.launch.py [max_requests:=8 ...]
 
 planner_node publishes the device plan on /edge_llm/plan (latched; it calibrates this device

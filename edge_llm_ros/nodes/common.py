@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import os
 import signal
@@ -198,22 +198,6 @@ def goal_overrides(goal, max_new_tokens: int) -> dict:
                 stop_strings=tuple(goal.stop))
 
 
-# -- core records <-> messages with the same field names ---------------------------------------------
-
-
-def from_message(record_cls, msg):
-    """The core dataclass ``record_cls`` from a message with the same fields (sequences as lists)."""
-    return record_cls(**{f.name: _plain(getattr(msg, f.name)) for f in dataclasses.fields(record_cls)})
-
-
-def to_message(msg_cls, record):
-    """The message ``msg_cls`` from a core dataclass record with the same fields."""
-    return msg_cls(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
-
-
-def _plain(value):
-    return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value
-
 
 def nav_adapter_param(value: str, target):
     """The navigation adapter a node's `nav_adapter` parameter names ('shipped' or a folder),
@@ -226,3 +210,17 @@ def nav_adapter_param(value: str, target):
         return NavAdapter.load(None if value == "shipped" else value, target)
     except (OSError, ValueError) as exc:
         raise ValueError(f"parameter 'nav_adapter': {exc}") from None
+
+
+def cpu_set(text: str) -> set[int]:
+    """'0', '1,3', '0-1' (taskset -c's list) -> the cores; '' -> none (any core)."""
+    from edge_llm_ros.core.planning.partition import layer_ranges
+
+    return {core for layers in layer_ranges(text.replace(" ", "")) for core in layers} if text.strip() else set()
+
+
+def pin_process(cores: set[int]) -> None:
+    """Every thread of this process (and those it starts later) on ``cores`` only."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)

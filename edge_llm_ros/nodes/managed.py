@@ -70,9 +70,9 @@ class ManagedNode(rt.LifecycleNode):
     """A lifecycle node with a model: subclasses implement :meth:`load` and :meth:`unload` and ask
     :meth:`refusal` before they take a request."""
 
-    def __init__(self, name: str, params_cls: type, **kwargs) -> None:
+    def __init__(self, name: str, params_cls: type, defaults: dict | None = None, **kwargs) -> None:
         super().__init__(name, namespace="edge_llm", **kwargs)
-        self.params = declare(self, params_cls)
+        self.params = declare(self, params_cls, defaults)
         self.active = False
         self.loaded = False
         self.failure = ""  # why the last configure failed

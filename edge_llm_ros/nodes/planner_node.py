@@ -44,6 +44,7 @@ from pathlib import Path
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.parameters import declare, param
+from edge_llm_ros.nodes.wire import pipeline_plan_fields
 
 CALIBRATE = ("auto", "always", "never")
 BACKENDS = ("torch", "llama.cpp")
@@ -202,7 +203,7 @@ class PlannerNode(rt.Node):
             response.success, response.message = False, f"pipeline: {exc}"
             return response
         response.success, response.message = True, plan.reason
-        response.plan = stamp(self, self.PlanMsg(**plan.message_fields(request.stage_nodes)))
+        response.plan = stamp(self, self.PlanMsg(**pipeline_plan_fields(plan, request.stage_nodes)))
         response.candidates = plan.candidates()
         response.predicted_tokens_per_s = [p.tokens_per_s for p in plan.predictions]
         return response

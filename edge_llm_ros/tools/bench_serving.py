@@ -14,7 +14,7 @@ nothing else competes for the cores while they run):
                      core.engine.batching.LlamaBatch: N sequences at a time (one wave per round of the
                      clients), their prompts prefilled together, then one decode per step with a
                      row per unfinished sequence. No node, no messages: the ceiling for the node.
-    node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 backend:=llama.cpp
+    node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 engine:=llama.cpp
                      mode:=ar``: batched ar whatever the device plan says) as real
                      processes; N closed-loop clients in this process, each sending its share of
                      requests one after another (send, wait for the result, send the next).
@@ -407,7 +407,7 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     prompts = list(BENCH_PROMPTS)
     max_requests = max(MAX_REQUESTS, *client_counts)
     # ar batched on llama.cpp whatever the device plan says: the exact batched path this bench is about
-    wanted = [f"{MAX_REQUESTS_ARG}:={max_requests}", f"{THREADS_ARG}:={threads}", "backend:=llama.cpp", "mode:=ar"]
+    wanted = [f"{MAX_REQUESTS_ARG}:={max_requests}", f"{THREADS_ARG}:={threads}", "engine:=llama.cpp", "mode:=ar"]
     plan, applied, left_out = pipeline_plan(wanted, [*([f"{MODEL_ARG}:={model}"] if model_given else []), *extra_args])
     started = time.perf_counter()
     llama = llama_cpp_rows(model, prompts, client_counts, per_client, max_new_tokens, threads)  # before the launch

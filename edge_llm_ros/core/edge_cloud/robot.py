@@ -320,7 +320,8 @@ class EarlyExitDrafter:
             if state is None:
                 return None
             if outcome.error:
-                raise DraftRejectedError(f"request {outcome.request_id!r} round {outcome.round}: {outcome.error}")
+                raise DraftRejectedError(f"request {outcome.request_id!r} round {outcome.round}: {outcome.error}",
+                                         outcome.status)
             if not _valid_path(state.tree, outcome):
                 raise ValueError(f"final outcome of request {outcome.request_id!r} round {outcome.round} does not "
                                  f"fit the draft sent (accepted_nodes {outcome.accepted_nodes}, accepted_ids "
