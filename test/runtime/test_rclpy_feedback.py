@@ -52,6 +52,7 @@ def server(rclpy_context):
 
     node = Node("feedback_server", context=rclpy_context)  # the runtime's: ActionServer counts its goal threads
     Server(node, Generate, "stream", execute)
+    assert node.goal_threads == 1  # max_goals' default: one executor thread more (runtime.ros.spin)
     executor = MultiThreadedExecutor(num_threads=3, context=rclpy_context)
     executor.add_node(node)
     thread = threading.Thread(target=executor.spin, daemon=True)
