@@ -82,6 +82,17 @@ def trim_heap() -> bool:
     return True
 
 
+class SelfStarting:
+    """A node that :func:`run_node` brings up itself once it is built, when its ``autostart`` is true
+    (nodes/managed.ManagedNode: its `autostart` parameter)."""
+
+    autostart: bool = False
+
+    def bring_up(self) -> None:
+        """Take the node to where it serves; ValueError saying why it cannot."""
+        raise NotImplementedError
+
+
 def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
     """rclpy's usual main: init, make the node, spin until Ctrl-C / SIGTERM, clean up.
 
@@ -98,7 +109,7 @@ def run_node(build: Callable[[], object], args: list[str] | None = None) -> int:
         rt.shutdown()
         return 2
     node.get_logger().info(f"runtime: {rt.BACKEND} ({rt.WHY})")
-    if getattr(getattr(node, "params", None), "autostart", False):  # a managed node (nodes/managed.py)
+    if isinstance(node, SelfStarting) and node.autostart:
         try:
             node.bring_up()
         except ValueError as exc:

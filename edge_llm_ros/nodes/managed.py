@@ -28,7 +28,7 @@ import gc
 import os
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import trim_heap
+from edge_llm_ros.nodes.common import SelfStarting, trim_heap
 from edge_llm_ros.nodes.parameters import declare, param
 
 OK, FAILED = rt.TransitionCallbackReturn.SUCCESS, rt.TransitionCallbackReturn.FAILURE
@@ -66,7 +66,7 @@ def rss_mb() -> float:
         return 0.0
 
 
-class ManagedNode(rt.LifecycleNode):
+class ManagedNode(rt.LifecycleNode, SelfStarting):
     """A lifecycle node with a model: subclasses implement :meth:`load` and :meth:`unload` and ask
     :meth:`refusal` before they take a request."""
 
@@ -142,6 +142,11 @@ class ManagedNode(rt.LifecycleNode):
         self.loaded = False
         gc.collect()
         trim_heap()
+
+    @property
+    def autostart(self) -> bool:
+        """Its `autostart` parameter: run_node brings it up (:meth:`bring_up`) once it is built."""
+        return self.params.autostart
 
     def bring_up(self) -> None:
         """configure, then activate; ValueError with the reason when configure fails."""

@@ -734,7 +734,22 @@ class Timer:
 
 # ----------------------------------------------------------------------- node
 class Node:
-    """A ROS 2 node on the embedded backend (the rclpy.node.Node methods we use)."""
+    """A ROS 2 node on the embedded backend (the rclpy.node.Node methods we use).
+
+    What the runtime keeps per node, with defaults (runtime/ros.py's Node declares the same):
+
+    - ``single_threaded``: a node class sets it true for rclpy's single-threaded executor; no
+      effect here, where callbacks run one at a time and every goal on a thread of its own;
+    - ``goal_threads``: how many goals its action servers may run at once (each ActionServer adds
+      its ``max_goals``; rclpy's executor gets that many threads more, here it is only counted);
+    - ``emulated_links``: its topics' emulated links (runtime/link.py), made from its
+      `link_emulation` parameters when it is built; every publisher on such a topic goes through
+      its link.
+    """
+
+    single_threaded: bool = False
+    goal_threads: int = 0
+    emulated_links: NodeLinks
 
     def __init__(self, node_name: str, *, namespace: str | None = None, context: Context | None = None,
                  parameter_overrides: dict[str, Any] | None = None) -> None:
@@ -746,7 +761,7 @@ class Node:
         self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
         self._overrides.update(parameter_overrides or {})
         self._parameters: dict[str, Parameter] = {}
-        self._links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
+        self.emulated_links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
         for name, value in self._overrides.items():
             if name.startswith("link_emulation."):
                 self._parameters[name] = Parameter(name, value)
@@ -817,7 +832,7 @@ class Node:
     def create_publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Publisher:
         name = registry().check_message(type_name_of(msg_type))
         resolved = self.resolve_topic_name(topic)
-        return self._keep(Publisher(self, name, resolved, _qos(qos), link=self._links.get(resolved)))
+        return self._keep(Publisher(self, name, resolved, _qos(qos), link=self.emulated_links.get(resolved)))
 
     def create_subscription(self, msg_type: Any, topic: str, callback: Callable, qos: Any = 10, *, raw: bool = False) -> Subscription:
         name = registry().check_message(type_name_of(msg_type))
@@ -889,7 +904,7 @@ class Node:
     destroy_publisher = destroy_subscription = destroy_service = destroy_client = destroy_timer = destroy_entity
 
     def destroy_node(self) -> None:
-        self._links.close()  # first: no delivery may reach an undeclared publisher
+        self.emulated_links.close()  # first: no delivery may reach an undeclared publisher
         for entity in reversed(self._entities):
             try:
                 entity.destroy()

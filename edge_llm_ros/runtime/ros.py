@@ -45,6 +45,8 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from unique_identifier_msgs.msg import UUID
 
+from edge_llm_ros.runtime.link import NodeLinks
+
 EXECUTOR_THREADS = 4  # for callbacks, which never wait for long here; each running goal has a thread more
 FEEDBACK_DEPTH = 100  # feedback history an action server keeps for slow readers (rclpy's default: 10)
 
@@ -54,7 +56,22 @@ class ParameterError(ValueError):
 
 
 class Node(_RclpyNode):
-    """rclpy's Node, declaring parameters as the embedded backend does (see the module docstring)."""
+    """rclpy's Node, declaring parameters as the embedded backend does (see the module docstring).
+
+    What the runtime keeps per node, with defaults (the embedded backend's Node declares the same):
+
+    - ``single_threaded``: a node class sets it true to be spun on rclpy's single-threaded executor
+      (:func:`spin` says when that pays);
+    - ``goal_threads``: how many goals its action servers may run at once (each
+      :class:`ActionServer` adds its ``max_goals``); :func:`spin` gives the executor that many
+      threads more;
+    - ``emulated_links``: its topics' emulated links (runtime/link.py), made from its
+      `link_emulation` parameters by the first ``runtime.shaped()`` call; None before.
+    """
+
+    single_threaded: bool = False
+    goal_threads: int = 0
+    emulated_links: NodeLinks | None = None
 
     def declare_parameter(self, name: str, value: Any = None, descriptor: Any = None,
                           ignore_override: bool = False) -> Parameter:
@@ -103,7 +120,7 @@ class ActionServer(_RclpyActionServer):
                  max_goals: int = 1, **kwargs: Any) -> None:
         kwargs.setdefault("callback_group", ReentrantCallbackGroup())
         kwargs.setdefault("feedback_pub_qos_profile", QoSProfile(depth=FEEDBACK_DEPTH))
-        node.goal_threads = getattr(node, "goal_threads", 0) + max_goals
+        node.goal_threads += max_goals
         super().__init__(node, action_type, action_name, execute_callback, **kwargs)
 
 
@@ -162,10 +179,10 @@ def spin(node: Node) -> None:
     GIL so much that the navigator's worker thread decided in 2.4-11 s instead of 1.05 s (session
     12). The other nodes keep it until they are measured: under the single-threaded executor, one
     edge-cloud test under rclpy (duplicate and stale verify results) timed out in 2 of 6 runs."""
-    if getattr(node, "single_threaded", False):
+    if node.single_threaded:
         executor = SingleThreadedExecutor()
     else:
-        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + getattr(node, "goal_threads", 0))
+        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + node.goal_threads)
     executor.add_node(node)
     try:
         executor.spin()

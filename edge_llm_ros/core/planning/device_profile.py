@@ -42,8 +42,8 @@ import torch
 
 from ..engine.config import PRESETS, mean_tau, preset
 from ..engine.decoding import draft_step, generate_all
-from ..engine.drafters import TreeSpec
-from ..engine.models import chat_prompt, default_model_path, load_model
+from ..engine.drafters import ModelDrafter, TreeSpec
+from ..engine.models import CausalLM, TorchCausalLM, chat_prompt, default_model_path, load_model
 from ..engine.sampling import Sampler
 from ..engine.timing import median_ms
 from .device_plan import plan_record
@@ -90,7 +90,7 @@ class DraftSubject:
     """A drafter to measure, and where it runs."""
 
     backend: str
-    drafter: object
+    drafter: ModelDrafter
     description: str
 
 
@@ -99,8 +99,8 @@ class Subjects:
     """The models measured: the torch target (τ runs on it), the target per backend, the drafts."""
 
     model: Path  # the target file (the plan is saved for it)
-    target: object
-    backends: dict[str, object]
+    target: TorchCausalLM
+    backends: dict[str, CausalLM]
     drafts: list[DraftSubject]
     threads: int
     skipped: list[str] = field(default_factory=list)  # what could not be loaded, and why
@@ -108,7 +108,7 @@ class Subjects:
     def close(self) -> None:
         """Free the llama.cpp contexts (the torch models go with the last reference)."""
         for lm in [*self.backends.values(), *(d.drafter.model for d in self.drafts)]:
-            if lm is not self.target and hasattr(lm, "close"):
+            if lm is not self.target:
                 lm.close()
 
 
