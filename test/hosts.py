@@ -189,3 +189,18 @@ def start_launch(host: Any, router_endpoint: str, name: str, *args: str) -> Any:
                                             if p and os.path.realpath(p) != str(REPO))
         return Proc(["ros2", "launch", "edge_llm_ros", f"{name}.launch.py", *args], env=env)
     return Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", name, *args, "--router", router_endpoint])
+
+
+def stop_launch(launch: Any) -> None:
+    """Ctrl-C, as a user stops a launch (SIGTERM to `ros2 launch` would leave its nodes running), then
+    whatever is left the hard way."""
+    import signal
+    import subprocess
+
+    if launch.popen.poll() is None:
+        launch.popen.send_signal(signal.SIGINT)
+        try:
+            launch.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    launch.stop()

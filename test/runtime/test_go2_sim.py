@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import threading
 import pytest
 from hosts import BACKENDS, host_for, latched
 from hosts import start_launch as launch_on
+from hosts import stop_launch as stop
 from support import REPO, Proc, cli, wait_until
 
 pytestmark = pytest.mark.slow  # three node processes, SmolLM2 in one
@@ -158,17 +158,6 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
     finally:
         probe.destroy_node()
         stop(launch)
-
-
-def stop(launch: Proc) -> None:
-    """Ctrl-C, as a user stops a launch (SIGTERM to `ros2 launch` would leave its nodes running)."""
-    if launch.popen.poll() is None:
-        launch.popen.send_signal(signal.SIGINT)
-        try:
-            launch.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    launch.stop()
 
 
 

@@ -18,7 +18,7 @@ import threading
 import urllib.request
 
 import pytest
-from hosts import BACKENDS, host_for, start_launch
+from hosts import BACKENDS, host_for, start_launch, stop_launch
 from support import Proc, wait_until
 
 PROMPTS = ("Name one thing a robot needs to see.", "Write a short poem about the sea.")
@@ -171,7 +171,7 @@ def test_the_launched_pipeline_answers_with_llama_cpps_greedy_text(request, back
     finally:
         client.destroy()
         probe.destroy_node()
-        launch.stop()
+        stop_launch(launch)
 
 
 @pytest.mark.slow
