@@ -347,6 +347,9 @@ class ServeNode(ManagedNode):
         absent, check_at = 0, time.monotonic() + self.params.client_check_s
         try:
             while not stream.wait(CANCEL_POLL_S):
+                if not rt.ok():  # shutting down: under rclpy the context, and so the node's publishers, are gone
+                    return Result(finish_reason="error: the node is shutting down", status=self.RequestStatus(
+                        code=Status.FAILED))  # the stream ends with the node (destroy_node)
                 if goal_handle.is_cancel_requested:
                     stream.cancel()
                 if time.monotonic() >= check_at:
@@ -443,7 +446,7 @@ class ServeNode(ManagedNode):
             active_requests=sum(serving.server.load()) if serving else 0))
 
     def end_request(self, stream) -> None:
-        if stream is None:
+        if stream is None or not rt.ok():  # not ok: shutting down, nothing can be published
             return
         self.stats_pub.publish(self.stats_msg([stream], stream.request_id))
         if self.params.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
