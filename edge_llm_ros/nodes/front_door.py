@@ -189,7 +189,9 @@ class FrontDoor(ManagedNode):
             goal_handle.abort()
             return self.Generate.Result(finish_reason=f"error: {exc}",
                                         status=self.RequestStatus(code=status_of(exc)))
-        self.watch(goal_handle, handle, over, request.request_id)
+        if not self.watch(goal_handle, handle, over, request.request_id):  # the request ends with the node
+            return self.Generate.Result(finish_reason="error: the node is shutting down",
+                                        status=self.RequestStatus(code=Status.FAILED))
         end = ended[0]
         if end.finish_reason == "cancelled":
             goal_handle.canceled()
@@ -203,10 +205,15 @@ class FrontDoor(ManagedNode):
                                     status=self.RequestStatus(code=end.status),
                                     stats=self.stats_message([end.stats], request.request_id))
 
-    def watch(self, goal_handle, handle, over: threading.Event, request_id: str) -> None:
-        """Until the request's End came (``over``): pass a cancel on, and cancel it once its client is gone."""
+    def watch(self, goal_handle, handle, over: threading.Event, request_id: str) -> bool:
+        """Until the request's End came (``over``): pass a cancel on, and cancel it once its client is gone.
+        False when the node shuts down first: under rclpy the context, and so its publishers, are gone at
+        the signal, before the node's cleanup ends the request."""
         absent, check_at = 0, time.monotonic() + self.door.client_check_s
         while not over.wait(CANCEL_POLL_S):
+            if not rt.ok():
+                handle.cancel()
+                return False
             if goal_handle.is_cancel_requested:
                 handle.cancel()
             if time.monotonic() >= check_at:
@@ -215,6 +222,7 @@ class FrontDoor(ManagedNode):
                 if absent == 2:
                     self.get_logger().warning(f"generate: request {request_id}: client gone, cancelled")
                     handle.cancel()
+        return True
 
     def feedback_listeners(self) -> int:
         """Subscribers to the action's feedback. One graph query answers every goal that checks within
@@ -284,6 +292,8 @@ class FrontDoor(ManagedNode):
             raise
 
     def end_request(self, request_id: str, end: End) -> None:
+        if not rt.ok():  # shutting down: nothing can be published any more
+            return
         self.stats_pub.publish(self.stats_message([end.stats], request_id))
         if self.door.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             with self.counts:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import zenoh
 import zenoh.ext
 
-from edge_llm_ros.runtime import graph
+from edge_llm_ros.runtime import graph, stopping
 from edge_llm_ros.runtime.interfaces import InterfaceError, registry
 from edge_llm_ros.runtime.link import Link, NodeLinks, parse_link_params
 from edge_llm_ros.runtime.params import ParamsError, RosArgs, parse_ros_args, resolve_name
@@ -268,10 +268,18 @@ def init(args: list[str] | None = None, install_signal_handlers: bool = True) ->
             _context = Context(args)
     if install_signal_handlers and threading.current_thread() is threading.main_thread():
         # As rclpy does: SIGINT and SIGTERM shut the context down, spin() returns,
-        # and the node cleans up (also when a shell started us with SIGINT ignored).
+        # and the node cleans up (also when a shell started us with SIGINT ignored);
+        # a stoppable call ends at once (runtime/stopping.py).
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: get_context().shutdown())
+            signal.signal(sig, _on_shutdown_signal)
     return _context
+
+
+def _on_shutdown_signal(signum: int, frame: Any) -> None:
+    context = _context
+    if context is not None:
+        context.shutdown()
+    stopping.signalled(frame)
 
 
 def get_context() -> Context:

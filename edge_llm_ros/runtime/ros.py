@@ -22,7 +22,9 @@ this module keeps them together:
 - Shutdown. rclpy's signal handlers shut the context down on SIGINT and SIGTERM, and spin returns,
   as on the embedded backend. No KeyboardInterrupt follows, so a second Ctrl-C (a terminal signals
   the whole process group, and `ros2 launch` signals its nodes again) cannot break the node's
-  cleanup. :func:`shutdown` after that does nothing instead of failing (rcl_shutdown already called).
+  cleanup; only a stoppable call (stopping.py: loading, calibrating, in the main thread
+  or an executor's worker) is ended with Stopped. :func:`shutdown` after that does nothing
+  instead of failing (rcl_shutdown already called).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from unique_identifier_msgs.msg import UUID
 
+from edge_llm_ros.runtime import stopping
 from edge_llm_ros.runtime.link import NodeLinks
 
 EXECUTOR_THREADS = 4  # for callbacks, which never wait for long here; each running goal has a thread more
@@ -161,8 +164,10 @@ class ActionClient(_RclpyActionClient):
 
 def init(args: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):  # rclpy's handlers chain to these: no KeyboardInterrupt
-            signal.signal(sig, lambda *_: None)
+        # rclpy's handlers shut the context down and chain to these: no KeyboardInterrupt, except in
+        # a stoppable call (runtime/stopping.py), whose work a signal ends at once
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _signum, frame: stopping.signalled(frame))
     rclpy.init(args=args)
 
 

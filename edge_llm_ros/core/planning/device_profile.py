@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from ..engine.models import CausalLM, TorchCausalLM, chat_prompt, default_model_
 from ..engine.sampling import Sampler
 from ..engine.timing import median_ms
 from .device_plan import plan_record
+from .identity import cpu_name, this_machine
 from .planner import DraftMeasure, TreeMeasure, choose
 
 PREFIX = 240
@@ -324,7 +324,7 @@ def device_record(subjects: Subjects, cal: Calibration, costs: dict, tree_costs:
         threads=subjects.threads,
         draft_backend=choice["draft_backend"] or cheapest,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        machine={"cpu_count": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_name()},
+        machine=this_machine(),
         calibration={"name": cal.name, "seconds": round(seconds, 1)},
         row_costs_ms={b: {str(n): c for n, c in cost.items()} for b, cost in costs.items()},
         tree_costs_ms={b: {str(w): c for w, c in cost.items()} for b, cost in tree_costs.items()},
@@ -332,17 +332,6 @@ def device_record(subjects: Subjects, cal: Calibration, costs: dict, tree_costs:
         candidates=scored["candidates"],
         notes=notes,
     )
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- one measuring request (planner_node's `profile` service) ---------------------------------------
