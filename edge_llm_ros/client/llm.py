@@ -295,9 +295,11 @@ class LLMClient:
             ready.wait_until_active(self.transport, owners[0], timeout, check, deadline)
         return owners[0]
 
-    def wait_until_active(self, node: str, timeout: float = 60.0, check: Callable[[], None] | None = None) -> None:
-        """Until the lifecycle node ``node`` (fully qualified, e.g. /edge_llm/stage_0) is active."""
-        ready.wait_until_active(self.transport, node, timeout, check)
+    def wait_until_active(self, node: str, timeout: float = 60.0, check: Callable[[], None] | None = None,
+                          deadline: float | None = None) -> None:
+        """Until the lifecycle node ``node`` (fully qualified, e.g. /edge_llm/stage_0) is active; NoAnswer
+        naming its state after ``timeout`` (or at ``deadline``, a time.monotonic() of a longer wait)."""
+        ready.wait_until_active(self.transport, node, timeout, check, deadline)
 
     def submit(self, prompt: str, *, max_new_tokens: int = 0, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 0.0, seed: int = -1, stop: str | Sequence[str] = (), choices: str | Sequence[str] = (),

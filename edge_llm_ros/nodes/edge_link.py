@@ -22,7 +22,8 @@ import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.errors import PeerGone, PeerTimeout
-from edge_llm_ros.nodes.common import MatchGate, from_message, stamp, to_message
+from edge_llm_ros.nodes.common import MatchGate, stamp
+from edge_llm_ros.nodes.wire import from_message, to_message
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
 

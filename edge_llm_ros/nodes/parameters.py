@@ -1,12 +1,12 @@
 """A node's parameters as one dataclass: declared with descriptors, checked in one place.
 
     @dataclasses.dataclass(frozen=True)
-    class ServeParams:
+    class FrontDoorParams:
         max_requests: int = param(16, "requests decoded at once", low=1, high=256)
         mode: str = param("", "decoding mode ('' = the plan's)", choices=("", "ar", "sd"))
         stats_period_s: float = param(1.0, "aggregate stats period (0 = off)", low=0.0, dynamic=True)
 
-    self.params = declare(self, ServeParams)    # in the node's __init__
+    self.door = declare(self, FrontDoorParams)    # in the node's __init__
 
 Each field is declared on the node with a ParameterDescriptor (rcl_interfaces): its type, its
 description, its range (an integer or floating-point range) and `read_only` unless it is
@@ -82,11 +82,13 @@ def descriptor(name: str, default: Any, spec: Spec) -> Any:
     return Descriptor(**fields)
 
 
-def declare(node: Any, cls: type) -> Any:
+def declare(node: Any, cls: type, defaults: dict[str, Any] | None = None) -> Any:
     """Declare every parameter of dataclass ``cls`` on ``node`` and return their checked values as
-    an instance of ``cls`` (its ``__post_init__`` checks what involves several of them)."""
+    an instance of ``cls`` (its ``__post_init__`` checks what involves several of them).
+    ``defaults``: other defaults for some of them (a front door's backend sets its own)."""
     values = {}
     for name, (default, spec) in specs(cls).items():
+        default = (defaults or {}).get(name, default)
         value = node.declare_parameter(name, default, descriptor(name, default, spec)).value
         spec.check(name, value)
         values[name] = value

@@ -1,14 +1,32 @@
 """planner_node: the device plan for every node to follow, and predictions for deployments on request.
 
-At start it loads the saved device plan (core.device_plan, measured by `edge-llm-ros plan --device`
-or by this node) for `model`. With `calibrate` auto, a missing plan, one measured for another model
-file, an unreadable one or one that keeps no measurements is replaced: the node measures this device
-with core.device_profile's FAST calibration (a log line per phase with the elapsed seconds; well
-under a minute on 2 cores) and saves the plan; `always` measures anyway; `never` without a usable
-plan logs an error and publishes nothing (the `plan` service then answers success=false).
+A managed (lifecycle) node (nodes/managed.py); its state says where the device plan is:
+
+    unconfigured --configure--> inactive --activate--> active
+                  (plan read or      (the plan is published
+                   measured)          on `plan`: ready)
+
+- configure reads the saved device plan (core.device_plan, measured by `edge-llm-ros plan --device`
+  or by this node) for `model`. With `calibrate` auto, a missing plan, one measured for another
+  model or machine, an unreadable one or one that keeps no measurements is replaced: the node
+  measures this device with core.device_profile's FAST calibration (a log line per phase with the
+  elapsed seconds; well under a minute on 2 cores) and saves the plan; `always` measures anyway.
+  A shutdown signal ends a calibration at once (runtime/stopping.py), and nothing is saved.
+  `never` without a usable plan fails the configure: the node stays up, unconfigured, its error
+  saying why (the `plan` service answers success=false with it; pipeline plans still answer), and
+  a later configure reads the plan again (after `edge-llm-ros plan --device`, say).
+- activate publishes the plan on `plan` (logged: "published the device plan on ..."), so active
+  means the plan is out. deactivate publishes nothing new (the last plan stays latched); cleanup
+  forgets the measurements and frees the models `profile` loaded.
+
+`autostart` (true by default) configures and activates at start, as `ros2 run` and the embedded
+launcher expect; pipeline.launch.py under `ros2 launch` sets it false and drives the transitions
+(launch_support.py). A client waits for the plan by waiting for the state `active`
+(`~/get_state`, lifecycle_msgs/srv/GetState, or the `~/transition_event` topic). While it
+calibrates, the node's services answer after it finishes.
 
 Topic `plan` (edge_llm_ros/msg/Plan, transient local, depth 1: latched, a node started later gets
-it): the device plan, published once at start, its reason saying why it won. Only the device plan
+it): the device plan, published on activate, its reason saying why it won. Only the device plan
 is published: a `plan` service answer is a prediction someone asked for, not an order, so it is
 never put on the topic (no `publish_plans` switch: a node that wants a what-if plan has it in the
 service response).
@@ -33,7 +51,7 @@ Services:
   repeats and tokens, every τ(γ) from one sd run). The models are loaded at the first request and
   kept; the start-up calibration frees its own.
 
-Parameters: PlannerParams below, all read-only (a change needs a restart).
+Parameters: PlannerParams below (and ManagedParams' autostart), all read-only (a change needs a restart).
 """
 
 from __future__ import annotations
@@ -43,14 +61,16 @@ from pathlib import Path
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
-from edge_llm_ros.nodes.parameters import declare, param
+from edge_llm_ros.nodes.managed import OK, ManagedNode, ManagedParams
+from edge_llm_ros.nodes.parameters import param
+from edge_llm_ros.nodes.wire import pipeline_plan_fields
 
 CALIBRATE = ("auto", "always", "never")
 BACKENDS = ("torch", "llama.cpp")
 
 
 @dataclasses.dataclass(frozen=True)
-class PlannerParams:
+class PlannerParams(ManagedParams):
     model: str = param("", "the target: a .gguf file or an HF folder ('' = SmolLM2-135M-Instruct's GGUF)")
     plan_file: str = param("", "the device plan ('' = $EDGE_LLM_ROS_PLAN, else ~/.config/edge_llm_ros/plan.json)")
     calibrate: str = param("auto", "measure this device: auto (when no usable plan is saved), always or never",
@@ -64,16 +84,19 @@ class PlannerParams:
                             high=1_000_000)
 
 
-class PlannerNode(rt.Node):
+class PlannerNode(ManagedNode):
+    """A managed node (module docstring): configure reads or measures the device plan, activate
+    publishes it, cleanup forgets it."""
+
     def __init__(self, **node_options) -> None:
         """``node_options``: rt.Node's (namespace, parameter_overrides: how tests start it in-process)."""
-        super().__init__("planner_node", **{"namespace": "edge_llm", **node_options})
+        super().__init__("planner_node", PlannerParams, **node_options)
         import torch
 
         from edge_llm_ros.core.engine.models import default_model_path
         from edge_llm_ros.core.planning.device_plan import default_plan_path
 
-        self.params = params = declare(self, PlannerParams)
+        params = self.params
         model, plan_file = params.model, params.plan_file
         if model and not Path(model).expanduser().exists():
             raise ValueError(f"parameter 'model': {model} not found")
@@ -87,18 +110,53 @@ class PlannerNode(rt.Node):
         self.pipeline = None  # (Devices, ModelShape) of pipeline plans, read at the first such request
         self.PlanMsg = rt.message("edge_llm_ros/msg/Plan")
         self.plan_pub = self.create_publisher(self.PlanMsg, "plan", latched_qos())
-        self.measurements, self.device_threads = self.device_measurements()
-        self.device_plan = None  # the published plan's winner (a core.planner Prediction)
+        self.measurements, self.device_threads = None, 0  # while configured
+        self.device_plan = None  # while configured: the device plan's winner (a core.planner Prediction) ...
+        self.device_reason = ""  # ... and why it won
+        self.no_plan = False  # the last configure failed for want of a plan (calibrate never)
         self.create_service(rt.service("edge_llm_ros/srv/Plan"), "plan", self.on_plan)
         self.create_service(rt.service("edge_llm_ros/srv/Profile"), "profile", self.on_profile)
-        if self.measurements is not None:
-            self.publish_device_plan()
+
+    # -- the lifecycle ---------------------------------------------------------------------------
+
+    def load(self) -> str:
+        """configure: the device plan, read or measured (ValueError with calibrate never and none usable)."""
+        from edge_llm_ros.core.planning.planner import DeploymentRequest, plan_deployment
+
+        self.no_plan = False
+        self.measurements, self.device_threads = self.device_measurements()
+        best = plan_deployment(self.measurements, DeploymentRequest())
+        self.device_plan, self.device_reason = best.choice, best.reason
+        return f"the device plan is on {self.resolve_topic_name('plan')}: {best.reason}"
+
+    def unload(self) -> None:
+        self.measurements, self.device_threads, self.device_plan, self.device_reason = None, 0, None, ""
+        self.close_subjects()
+
+    def on_activate(self, state):
+        self.plan_pub.publish(self.plan_message(self.device_plan, self.device_reason))
+        self.get_logger().info(f"published the device plan on {self.resolve_topic_name('plan')}: {self.device_reason}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state):
+        self.active = False
+        self.get_logger().info("inactive: no new device plan is published (the last one stays latched)")
+        return OK
+
+    def bring_up(self) -> None:
+        """autostart: configure and activate. No usable plan with calibrate never leaves the node up and
+        unconfigured (its services still answer) instead of ending the process; any other failure ends it."""
+        try:
+            super().bring_up()
+        except ValueError:
+            if not self.no_plan:
+                raise
 
     # -- the device plan -------------------------------------------------------------------------
 
     def device_measurements(self):
-        """(Measurements, threads) of the saved plan, calibrating first where `calibrate` says; (None, 0)
-        when there is none to use (calibrate never)."""
+        """(Measurements, threads) of the saved plan, calibrating first where `calibrate` says; ValueError
+        (and no_plan set) when there is none to use (calibrate never)."""
         from edge_llm_ros.core.planning.device_plan import PlanError, load_plan
         from edge_llm_ros.core.planning.planner import load_measurements
 
@@ -116,9 +174,9 @@ class PlannerNode(rt.Node):
             except (PlanError, ValueError) as exc:
                 why = str(exc)
         if self.params.calibrate == "never":
-            log.error(f"{why}, and calibrate is never: no plan published (edge-llm-ros plan --device makes one, "
-                      "or set calibrate:=auto)")
-            return None, 0
+            self.no_plan = True
+            raise ValueError(f"{why}, and calibrate is never: no plan published (edge-llm-ros plan --device makes "
+                             "one, or set calibrate:=auto)")
         log.info(f"{why}: calibrating this device")
         threads, measurements = self.calibrated()
         return self.usable(measurements), threads
@@ -142,14 +200,6 @@ class PlannerNode(rt.Node):
         """The measurements as this node may plan with them (without llama.cpp unless allowed)."""
         return measurements if self.params.allow_llama_cpp else measurements.without("llama.cpp")
 
-    def publish_device_plan(self) -> None:
-        from edge_llm_ros.core.planning.planner import DeploymentRequest, plan_deployment
-
-        best = plan_deployment(self.measurements, DeploymentRequest())
-        self.device_plan = best.choice
-        self.plan_pub.publish(self.plan_message(best.choice, best.reason))
-        self.get_logger().info(f"published the device plan on {self.resolve_topic_name('plan')}: {best.reason}")
-
     def plan_message(self, prediction, reason: str):
         c = prediction.candidate
         tree = c["tree"] or {}
@@ -166,9 +216,8 @@ class PlannerNode(rt.Node):
 
         if request.deployment == "pipeline":
             return self.on_pipeline_plan(request, response)
-        if self.measurements is None:
-            response.success, response.message = False, f"no device plan: none usable at {self.plan_path} and " \
-                                                          "calibrate is never (edge-llm-ros plan --device makes one)"
+        if self.measurements is None:  # not configured: why (a failed configure's reason, or the state)
+            response.success, response.message = False, f"no device plan: {self.failure or self.refusal()}"
             return response
         try:
             asked = DeploymentRequest(request.deployment or "single", request.objective or "latency",
@@ -189,7 +238,7 @@ class PlannerNode(rt.Node):
         from edge_llm_ros.core.planning.pipeline_plan import GHIDORAH, AcceptanceCurve, PlanRequest, plan_pipeline
 
         try:
-            devices, model = self.pipeline_inputs()
+            devices, model = rt.stoppable(self.pipeline_inputs)  # the first request measures the layer profile
             measured = AcceptanceCurve.measured(self.measurements) if self.measurements is not None else None
             plan = plan_pipeline(devices, model, PlanRequest(prompt_len=self.params.prompt_len), measured or GHIDORAH)
             if request.stage_nodes and len(request.stage_nodes) != len(plan.stages):
@@ -202,7 +251,7 @@ class PlannerNode(rt.Node):
             response.success, response.message = False, f"pipeline: {exc}"
             return response
         response.success, response.message = True, plan.reason
-        response.plan = stamp(self, self.PlanMsg(**plan.message_fields(request.stage_nodes)))
+        response.plan = stamp(self, self.PlanMsg(**pipeline_plan_fields(plan, request.stage_nodes)))
         response.candidates = plan.candidates()
         response.predicted_tokens_per_s = [p.tokens_per_s for p in plan.predictions]
         return response
@@ -228,7 +277,7 @@ class PlannerNode(rt.Node):
         return self.pipeline
 
     def on_profile(self, request, response):
-        from edge_llm_ros.core.planning.device_profile import PREFIX, load_subjects, profile
+        from edge_llm_ros.core.planning.device_profile import PREFIX
 
         planned, draft_backend = self.planned_backends()
         backend = request.backend or planned
@@ -238,11 +287,8 @@ class PlannerNode(rt.Node):
                 raise ValueError(f"backend must be one of {' | '.join(BACKENDS)} ('' = the plan's), got {backend!r}")
             if backend == "llama.cpp" and not self.params.allow_llama_cpp:
                 raise ValueError("backend llama.cpp is not allowed here (allow_llama_cpp is false)")
-            if self.subjects is None:
-                self.get_logger().info("profile: loading the models to measure")
-                self.subjects = load_subjects(self.model, self.params.threads or None,
-                                              llama_cpp=self.params.allow_llama_cpp)
-            got = profile(self.subjects, backend, draft_backend, request.prefix_len or PREFIX, counts, request.quick)
+            got = rt.stoppable(self.measure, backend, draft_backend, request.prefix_len or PREFIX, counts,
+                               request.quick)  # seconds: a shutdown signal ends it (runtime/stopping.py)
         except (ValueError, OSError, RuntimeError, ImportError) as exc:
             response.success, response.message = False, f"profile failed: {exc}"
             return response
@@ -250,6 +296,15 @@ class PlannerNode(rt.Node):
         response.token_counts, response.latency_ms = got.token_counts, got.latency_ms
         response.draft_ms_per_token, response.gammas, response.tau = got.draft_ms_per_token, got.gammas, got.tau
         return response
+
+    def measure(self, backend: str, draft_backend: str, prefix: int, counts: list[int], quick: bool):
+        """What `profile` measures (a core.device_profile ProfileResult), the models loaded at first."""
+        from edge_llm_ros.core.planning.device_profile import load_subjects, profile
+
+        if self.subjects is None:
+            self.get_logger().info("profile: loading the models to measure")
+            self.subjects = load_subjects(self.model, self.params.threads or None, llama_cpp=self.params.allow_llama_cpp)
+        return profile(self.subjects, backend, draft_backend, prefix, counts, quick)
 
     def planned_backends(self) -> tuple[str, str]:
         """(target backend, draft backend) of the device plan: its draft's, for ar the draft cheapest per
@@ -260,9 +315,14 @@ class PlannerNode(rt.Node):
         cheapest = min(drafts, key=lambda d: d.ms_per_token).backend if drafts else "torch"
         return c["backend"], c["draft_backend"] or cheapest
 
+    def close_subjects(self) -> None:
+        """Free the models `profile` loaded (loaded again at its next request)."""
+        subjects, self.subjects = self.subjects, None
+        if subjects is not None:
+            subjects.close()
+
     def destroy_node(self) -> None:
-        if self.subjects is not None:
-            self.subjects.close()
+        self.close_subjects()
         super().destroy_node()
 
 

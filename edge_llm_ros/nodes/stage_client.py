@@ -65,6 +65,7 @@ class StageClient:
         the end every request is released (unless ``release_own`` is false: another request forks it
         next), and so are the ids in ``release`` (a request they forked from: its cache is needed
         until their forks are applied, which the stages do in order)."""
+        from edge_llm_ros.core.edge_cloud import VerifyOutcome
         from edge_llm_ros.core.pipeline.schedulers import Output
         from edge_llm_ros.nodes.wire import StageMessage, WireError
 
@@ -77,8 +78,8 @@ class StageClient:
                 self.act(scheduler.start())
             while not all(s.finished for s in schedulers):
                 msg = self.wait(inbox, sum(len(s.generated) for s in schedulers))
-                if hasattr(msg, "error"):  # a stage's refusal (a VerifyOutcome from the node's `verify`)
-                    raise StageFailed(msg.error or "a stage answered with an empty error")
+                if isinstance(msg, VerifyOutcome):  # a stage's refusal, from the node's `verify`
+                    raise StageFailed(msg.error or "a stage answered with an empty error", msg.status)
                 scheduler = schedulers[index[msg.request_id]]
                 try:
                     answer = StageMessage.from_msg(msg)

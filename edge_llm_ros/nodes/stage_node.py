@@ -36,48 +36,17 @@ import contextlib
 import dataclasses
 import os
 import queue
-import re
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import MatchGate, nav_adapter_param, run_node, stamp
+from edge_llm_ros.core.planning.partition import layer_ranges, range_text
+from edge_llm_ros.errors import Status
+from edge_llm_ros.nodes.common import MatchGate, cpu_set, nav_adapter_param, pin_process, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams, rss_mb
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.runtime.throttle import flood_note
 
 MAX_WAITING = 1024  # messages queued for the worker; more are refused as busy
-_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
-
-
-def layer_ranges(text: str) -> list[range]:
-    """'0-10,11-29' -> [range(0, 11), range(11, 30)]: inclusive ranges, one per stage ('7' is 7-7;
-    '' is none). ValueError naming the parameter for anything else."""
-    if not text.strip():
-        return []
-    ranges = []
-    for part in text.split(","):
-        match = _RANGE.fullmatch(part)
-        if match is None or int(match[1]) > int(match[2] or match[1]):
-            raise ValueError(f"parameter 'layers' takes inclusive layer ranges a-b, comma-separated "
-                             f"(e.g. 0-10,11-29), got {text!r}")
-        ranges.append(range(int(match[1]), int(match[2] or match[1]) + 1))
-    return ranges
-
-
-def range_text(layers: range) -> str:
-    return f"{layers.start}-{layers.stop - 1}"
-
-
-def cpu_set(text: str) -> set[int]:
-    """'0', '1,3', '0-1' (taskset -c's list) -> the cores; '' -> none (any core)."""
-    return {core for layers in layer_ranges(text.replace(" ", "")) for core in layers} if text.strip() else set()
-
-
-def pin_process(cores: set[int]) -> None:
-    """Every thread of this process (and those it starts later) on ``cores`` only."""
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(task), cores)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,12 +206,13 @@ class StageNode(ManagedNode):
         """Queue the rows for the worker; answer at once if the node is not active or the queue is full."""
         inbox = self.inbox
         if refusal := self.refusal():
-            self.answer(msg.request_id, msg.round, refusal)
+            self.answer(msg.request_id, msg.round, refusal, Status.INACTIVE)
             return
         try:
             inbox.put_nowait(msg)
         except queue.Full:
-            self.answer(msg.request_id, msg.round, f"busy: {MAX_WAITING} messages wait for this stage; retry later")
+            self.answer(msg.request_id, msg.round, f"busy: {MAX_WAITING} messages wait for this stage; retry later",
+                        Status.BUSY)
 
     def on_prune(self, msg) -> None:
         """Apply a prune or a release now, between two runs (rows still queued are pruned as they
@@ -332,7 +302,7 @@ class StageNode(ManagedNode):
                                         "pruned on the way here; dropped")
                 return True
             if busy := self.busy(rows.request_id):
-                self.answer(msg.request_id, msg.round, busy)
+                self.answer(msg.request_id, msg.round, busy, Status.BUSY)
                 return True
             out = self.stage.run(rows)
         except StageError as exc:  # a WireError's message starts with the field at fault
@@ -341,7 +311,8 @@ class StageNode(ManagedNode):
         except Exception as exc:  # the request's cache may be half-written: free it, serve the others
             if not self.stopping.is_set():
                 self.stage.release(msg.request_id)
-                self.answer(msg.request_id, msg.round, f"stage failed: {exc!r}; the request's cache is freed")
+                self.answer(msg.request_id, msg.round, f"stage failed: {exc!r}; the request's cache is freed",
+                        Status.FAILED)
             return True
         self.publish(rows, out)
         return True
@@ -380,15 +351,16 @@ class StageNode(ManagedNode):
         self.out_gate.wait()
         self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields())))
 
-    def answer(self, request_id: str, round: int, reason: str) -> None:
-        """Refuse a message: an error line here and a final VerifyResult naming this stage and why."""
+    def answer(self, request_id: str, round: int, reason: str, status: int = Status.INVALID) -> None:
+        """Refuse a message: an error line here and a final VerifyResult naming this stage, why, and the
+        refusal's code (INVALID: rows or a prune this stage cannot apply; BUSY; INACTIVE; FAILED)."""
         error = f"{self.who}: {reason}"
         self.refused += 1
         note = flood_note(self.refused)
         if note is not None:
             self.get_logger().error(f"request {request_id[:64]!r} round {round}: {error}{note}")
         self.verify_pub.publish(stamp(self, self.VerifyResult(request_id=request_id, round=round, final=True,
-                                                              next_token=-1, error=error)))
+                                                              next_token=-1, error=error, status=int(status))))
 
 
 def main(args: list[str] | None = None) -> int:

@@ -45,9 +45,11 @@ import dataclasses
 import threading
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import MatchGate, from_message, nav_adapter_param, run_node, stamp, to_message
+from edge_llm_ros.errors import Status
+from edge_llm_ros.nodes.common import MatchGate, nav_adapter_param, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, QwenFrameParams
 from edge_llm_ros.nodes.parameters import param
+from edge_llm_ros.nodes.wire import from_message, to_message
 from edge_llm_ros.runtime.throttle import flood_note
 
 PROFILE_TIMEOUT_S = 120.0  # a profile waits behind the drafts already queued
@@ -172,7 +174,7 @@ class VerifierNode(ManagedNode):
         if refusal := self.refusal():
             self.rejected += 1
             self.log_rejection(f"draft {msg.request_id[:64]!r} refused: {refusal}", self.rejected)
-            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, refusal))
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, refusal, Status.INACTIVE))
             return
         live = self.serving(msg.request_id)
         if not self.put(("draft", msg), live=live):
@@ -249,7 +251,7 @@ class VerifierNode(ManagedNode):
         self.log_rejection(f"busy: the queue of {lane} is full; draft {msg.request_id[:64]!r} refused",
                            self.refused_busy)
         self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"busy: the verifier's queue of {lane} "
-                                                "is full; retry later"))
+                                                "is full; retry later", Status.BUSY))
 
     def verify(self, msg) -> None:
         """One DraftTree message, or a DraftRequest the verifier made itself (cloud decoding)."""
@@ -281,13 +283,14 @@ class VerifierNode(ManagedNode):
             self.rejected += 1
             self.log_rejection(f"draft {msg.request_id[:64]!r} round {msg.round} rejected: {str(exc)[:300]}",
                                self.rejected)
-            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc))
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, exc, Status.INVALID))
         except Exception as exc:  # the verifier keeps serving other requests
             if self.stopping.is_set():
                 return
             self.get_logger().error(f"draft {msg.request_id[:64]!r} round {msg.round} failed: {exc!r}")
             self.end(msg.request_id)
-            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}"))
+            self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"verifier failed: {exc!r}",
+                                                    Status.FAILED))
 
     def profile(self, counts: list[int], prefix: int, repeats: int, measured) -> None:
         from edge_llm_ros.core.planning.device_profile import row_costs

@@ -1,9 +1,10 @@
 """Core records <-> wire messages: the node side of every message that carries a core record.
 
 Core knows token ids, tensors and plain records, never messages; a node translates here, once per
-message kind: HiddenStates <-> core/pipeline/stages.Rows (:class:`StageMessage`), and records whose
-fields equal a message's (DraftRequest <-> DraftTree, VerifyOutcome <-> VerifyResult:
-:func:`from_message`, :func:`to_message`).
+message kind: HiddenStates <-> core/pipeline/stages.Rows (:class:`StageMessage`); msg/Plan <->
+a pipeline plan (:func:`pipeline_plan_fields`, :func:`pipeline_plan_of`) and a device plan
+(:func:`device_plan_of`); and records whose fields equal a message's (DraftRequest <-> DraftTree,
+VerifyOutcome <-> VerifyResult: :func:`from_message`, :func:`to_message`).
 """
 
 from __future__ import annotations
@@ -131,3 +132,63 @@ class StageMessage:
                     data if width is None else data.to(dtype), visible, self.after_prune, self.task, states, image)
 
 
+# -- msg/Plan ------------------------------------------------------------------------------------------
+
+
+def pipeline_plan_fields(plan, stage_nodes: Sequence[str] = ()) -> dict:
+    """msg/Plan's fields of a core/planning PipelinePlan: ``segment`` (the rows verified per message,
+    Ghidorah's verification width) and ``in_flight`` as draft_node takes them; tree_width/depth/branch/
+    expand describe FlowSpec's initial tree (draft_node's, which Chunk-PP verifies too)."""
+    from edge_llm_ros.core.pipeline.schedulers import FlowSpecShape
+
+    shape = FlowSpecShape()
+    return dict(mode=plan.mode, backend="torch", draft_backend="" if plan.mode == "ar" else "torch",
+                threads=plan.threads, stage_layer_begin=[s.layers.start for s in plan.stages],
+                stage_layer_end=[s.layers.stop for s in plan.stages],
+                stage_nodes=list(stage_nodes) or [f"stage_{i}" for i in range(len(plan.stages))],
+                prefill_chunks=list(plan.prefill_chunks), gamma=0, tree_width=shape.init_size,
+                tree_depth=shape.init_depth, tree_branch=shape.branch, tree_expand=shape.branch,
+                segment=plan.segment, in_flight=plan.in_flight,
+                expected_tokens_per_s=plan.tokens_per_s, reason=plan.reason)
+
+
+def pipeline_plan_of(msg):
+    """The PipelinePlan a Plan message holds: stages named by their nodes, chunks, mode, segment, speed
+    and reason (bytes, budgets, per-stage times and the other modes are not in it)."""
+    from edge_llm_ros.core.planning.pipeline_plan import ModePrediction, PipelinePlan, StagePlan
+
+    ranges = [range(a, b) for a, b in zip(msg.stage_layer_begin, msg.stage_layer_end, strict=True)]
+    stages = tuple(StagePlan(node, r, 0, 0, 0.0) for node, r in zip(msg.stage_nodes, ranges, strict=True))
+    chunks = tuple(int(c) for c in msg.prefill_chunks)
+    return PipelinePlan(stages, sum(chunks), chunks, 0.0, int(msg.segment), int(msg.in_flight),
+                        (ModePrediction(msg.mode, float(msg.expected_tokens_per_s), msg.reason),), msg.reason,
+                        int(msg.threads))
+
+
+def device_plan_of(msg):
+    """The core/planning DevicePlan a Plan message describes; PlanError (a ValueError) saying what is wrong."""
+    from edge_llm_ros.core.engine.drafters import TreeSpec
+    from edge_llm_ros.core.planning.device_plan import TREE_MODES, candidate, parse_plan, plan_record
+
+    tree = (TreeSpec(depth=int(msg.tree_depth), branch=int(msg.tree_branch), expand=int(msg.tree_expand),
+                     width=int(msg.tree_width)) if msg.mode in TREE_MODES else None)
+    draft_backend = msg.draft_backend or msg.backend
+    choice = candidate(msg.backend, msg.mode, float(msg.expected_tokens_per_s), int(msg.gamma), tree, draft_backend)
+    return parse_plan(plan_record(choice, model="", threads=max(int(msg.threads), 1), draft_backend=draft_backend))
+
+
+# -- records whose fields equal a message's -------------------------------------------------------------
+
+
+def from_message(record_cls, msg):
+    """The core dataclass ``record_cls`` from a message with the same fields (sequences as lists)."""
+    return record_cls(**{f.name: _plain(getattr(msg, f.name)) for f in dataclasses.fields(record_cls)})
+
+
+def to_message(msg_cls, record):
+    """The message ``msg_cls`` from a core dataclass record with the same fields."""
+    return msg_cls(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
+
+
+def _plain(value):
+    return value.tolist() if hasattr(value, "tolist") else list(value) if isinstance(value, (list, tuple)) else value

@@ -18,6 +18,10 @@ forces one. `WHY` says why, and every node logs it at start. Both give the same 
 `init`, `shutdown`, `ok`; ros.py lists where rclpy needed help to behave as the embedded
 backend does.
 
+`stoppable(fn, ...)` calls fn so that a shutdown signal ends its work (loading a model,
+calibrating) at once with `Stopped`, a KeyboardInterrupt (stopping.py); elsewhere a signal only
+shuts the context down and spin returns.
+
 `shaped(node, publisher)` puts a publisher on the emulated link its node's
 `link_emulation` parameters give its topic (link.py); the embedded backend
 does that for every publisher by itself, so the call matters under rclpy.
@@ -31,6 +35,7 @@ import os
 from typing import Any
 
 from edge_llm_ros.runtime.interfaces import InterfaceError, normalize_name
+from edge_llm_ros.runtime.stopping import Stopped, stoppable
 
 
 def _choose_backend() -> tuple[str, str]:
@@ -128,6 +133,6 @@ else:
 __all__ = [
     "BACKEND", "WHY", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "LifecycleNode",
     "LifecycleState", "Node", "TransitionCallbackReturn",
-    "ParameterError", "QoSProfile", "ServiceTimeoutError", "action", "init", "message", "ok", "service", "shaped", "shutdown", "spin",
-    "spin_once", "spin_until_future_complete",
+    "ParameterError", "QoSProfile", "ServiceTimeoutError", "Stopped", "action", "init", "message", "ok", "service", "shaped",
+    "shutdown", "spin", "spin_once", "spin_until_future_complete", "stoppable",
 ]

@@ -109,8 +109,10 @@ class ActionServer:
                  goal_callback: Callable | None = None, cancel_callback: Callable | None = None,
                  result_timeout: float = 900.0, max_goals: int | None = None) -> None:
         """``max_goals``: how many goals may run at once (the rclpy backend sizes its executor by
-        it); here every goal runs on a thread of its own anyway."""
+        it; counted in the node's ``goal_threads`` here too); here every goal runs on a thread of
+        its own anyway."""
         self.node = node
+        node.goal_threads += max_goals or 0
         self.spec = registry().action(type_name_of(action_type, "__actiontype__"))
         self.name = node.resolve_topic_name(action_name)
         self._execute = execute_callback

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import zenoh
 import zenoh.ext
 
-from edge_llm_ros.runtime import graph
+from edge_llm_ros.runtime import graph, stopping
 from edge_llm_ros.runtime.interfaces import InterfaceError, registry
 from edge_llm_ros.runtime.link import Link, NodeLinks, parse_link_params
 from edge_llm_ros.runtime.params import ParamsError, RosArgs, parse_ros_args, resolve_name
@@ -268,10 +268,18 @@ def init(args: list[str] | None = None, install_signal_handlers: bool = True) ->
             _context = Context(args)
     if install_signal_handlers and threading.current_thread() is threading.main_thread():
         # As rclpy does: SIGINT and SIGTERM shut the context down, spin() returns,
-        # and the node cleans up (also when a shell started us with SIGINT ignored).
+        # and the node cleans up (also when a shell started us with SIGINT ignored);
+        # a stoppable call ends at once (runtime/stopping.py).
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: get_context().shutdown())
+            signal.signal(sig, _on_shutdown_signal)
     return _context
+
+
+def _on_shutdown_signal(signum: int, frame: Any) -> None:
+    context = _context
+    if context is not None:
+        context.shutdown()
+    stopping.signalled(frame)
 
 
 def get_context() -> Context:
@@ -734,7 +742,22 @@ class Timer:
 
 # ----------------------------------------------------------------------- node
 class Node:
-    """A ROS 2 node on the embedded backend (the rclpy.node.Node methods we use)."""
+    """A ROS 2 node on the embedded backend (the rclpy.node.Node methods we use).
+
+    What the runtime keeps per node, with defaults (runtime/ros.py's Node declares the same):
+
+    - ``single_threaded``: a node class sets it true for rclpy's single-threaded executor; no
+      effect here, where callbacks run one at a time and every goal on a thread of its own;
+    - ``goal_threads``: how many goals its action servers may run at once (each ActionServer adds
+      its ``max_goals``; rclpy's executor gets that many threads more, here it is only counted);
+    - ``emulated_links``: its topics' emulated links (runtime/link.py), made from its
+      `link_emulation` parameters when it is built; every publisher on such a topic goes through
+      its link.
+    """
+
+    single_threaded: bool = False
+    goal_threads: int = 0
+    emulated_links: NodeLinks
 
     def __init__(self, node_name: str, *, namespace: str | None = None, context: Context | None = None,
                  parameter_overrides: dict[str, Any] | None = None) -> None:
@@ -746,7 +769,7 @@ class Node:
         self._overrides: dict[str, Any] = args.parameters(self.get_fully_qualified_name())
         self._overrides.update(parameter_overrides or {})
         self._parameters: dict[str, Parameter] = {}
-        self._links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
+        self.emulated_links = NodeLinks(parse_link_params(self._overrides), self.resolve_topic_name, self._logger)
         for name, value in self._overrides.items():
             if name.startswith("link_emulation."):
                 self._parameters[name] = Parameter(name, value)
@@ -817,7 +840,7 @@ class Node:
     def create_publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Publisher:
         name = registry().check_message(type_name_of(msg_type))
         resolved = self.resolve_topic_name(topic)
-        return self._keep(Publisher(self, name, resolved, _qos(qos), link=self._links.get(resolved)))
+        return self._keep(Publisher(self, name, resolved, _qos(qos), link=self.emulated_links.get(resolved)))
 
     def create_subscription(self, msg_type: Any, topic: str, callback: Callable, qos: Any = 10, *, raw: bool = False) -> Subscription:
         name = registry().check_message(type_name_of(msg_type))
@@ -889,7 +912,7 @@ class Node:
     destroy_publisher = destroy_subscription = destroy_service = destroy_client = destroy_timer = destroy_entity
 
     def destroy_node(self) -> None:
-        self._links.close()  # first: no delivery may reach an undeclared publisher
+        self.emulated_links.close()  # first: no delivery may reach an undeclared publisher
         for entity in reversed(self._entities):
             try:
                 entity.destroy()

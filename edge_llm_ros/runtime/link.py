@@ -370,8 +370,8 @@ class ShapedPublisher:
 def rclpy_shaped(node: Any, publisher: Any, topic: str | None = None) -> Any:  # pragma: no cover - runs in node processes
     """runtime.shaped() under rclpy: `publisher` wrapped in its topic's link, or itself when none is configured.
 
-    Reads the node's `link_emulation` parameters (declaring them on first use)
-    and charges each message its size from rclpy.serialization.serialize_message.
+    ``node``: a runtime.ros.Node. Reads its `link_emulation` parameters (declaring them on first use)
+    into its ``emulated_links``, and charges each message its size from rclpy.serialization.serialize_message.
     The links live as long as the node's process (daemon threads).
     Tested under rclpy by test_edge_cloud_nodes (draft_node and verifier_node on
     config/edge_cloud.yaml's links, [rclpy] cases), the link itself by test_link.
@@ -381,7 +381,7 @@ def rclpy_shaped(node: Any, publisher: Any, topic: str | None = None) -> Any:  #
     from rclpy.parameter import Parameter
     from rclpy.serialization import serialize_message
 
-    links = getattr(node, "_edge_llm_links", None)
+    links = node.emulated_links
     if links is None:
         def value(name: str, kind: Any) -> Any:
             if not node.has_parameter(name):
@@ -403,7 +403,7 @@ def rclpy_shaped(node: Any, publisher: Any, topic: str | None = None) -> Any:  #
                 if v is not None:
                     flat[f"{PARAM_PREFIX}.{name}.{field}"] = list(v) if field == "topics" else v
         links = NodeLinks(parse_link_params(flat), node.resolve_topic_name, node.get_logger())
-        node._edge_llm_links = links
+        node.emulated_links = links
     link = links.get(node.resolve_topic_name(topic or publisher.topic_name))
     if link is None:
         return publisher

@@ -22,7 +22,9 @@ this module keeps them together:
 - Shutdown. rclpy's signal handlers shut the context down on SIGINT and SIGTERM, and spin returns,
   as on the embedded backend. No KeyboardInterrupt follows, so a second Ctrl-C (a terminal signals
   the whole process group, and `ros2 launch` signals its nodes again) cannot break the node's
-  cleanup. :func:`shutdown` after that does nothing instead of failing (rcl_shutdown already called).
+  cleanup; only a stoppable call (stopping.py: loading, calibrating, in the main thread
+  or an executor's worker) is ended with Stopped. :func:`shutdown` after that does nothing
+  instead of failing (rcl_shutdown already called).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from unique_identifier_msgs.msg import UUID
 
+from edge_llm_ros.runtime import stopping
+from edge_llm_ros.runtime.link import NodeLinks
+
 EXECUTOR_THREADS = 4  # for callbacks, which never wait for long here; each running goal has a thread more
 FEEDBACK_DEPTH = 100  # feedback history an action server keeps for slow readers (rclpy's default: 10)
 
@@ -54,7 +59,22 @@ class ParameterError(ValueError):
 
 
 class Node(_RclpyNode):
-    """rclpy's Node, declaring parameters as the embedded backend does (see the module docstring)."""
+    """rclpy's Node, declaring parameters as the embedded backend does (see the module docstring).
+
+    What the runtime keeps per node, with defaults (the embedded backend's Node declares the same):
+
+    - ``single_threaded``: a node class sets it true to be spun on rclpy's single-threaded executor
+      (:func:`spin` says when that pays);
+    - ``goal_threads``: how many goals its action servers may run at once (each
+      :class:`ActionServer` adds its ``max_goals``); :func:`spin` gives the executor that many
+      threads more;
+    - ``emulated_links``: its topics' emulated links (runtime/link.py), made from its
+      `link_emulation` parameters by the first ``runtime.shaped()`` call; None before.
+    """
+
+    single_threaded: bool = False
+    goal_threads: int = 0
+    emulated_links: NodeLinks | None = None
 
     def declare_parameter(self, name: str, value: Any = None, descriptor: Any = None,
                           ignore_override: bool = False) -> Parameter:
@@ -103,7 +123,7 @@ class ActionServer(_RclpyActionServer):
                  max_goals: int = 1, **kwargs: Any) -> None:
         kwargs.setdefault("callback_group", ReentrantCallbackGroup())
         kwargs.setdefault("feedback_pub_qos_profile", QoSProfile(depth=FEEDBACK_DEPTH))
-        node.goal_threads = getattr(node, "goal_threads", 0) + max_goals
+        node.goal_threads += max_goals
         super().__init__(node, action_type, action_name, execute_callback, **kwargs)
 
 
@@ -144,8 +164,10 @@ class ActionClient(_RclpyActionClient):
 
 def init(args: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):  # rclpy's handlers chain to these: no KeyboardInterrupt
-            signal.signal(sig, lambda *_: None)
+        # rclpy's handlers shut the context down and chain to these: no KeyboardInterrupt, except in
+        # a stoppable call (runtime/stopping.py), whose work a signal ends at once
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _signum, frame: stopping.signalled(frame))
     rclpy.init(args=args)
 
 
@@ -162,10 +184,10 @@ def spin(node: Node) -> None:
     GIL so much that the navigator's worker thread decided in 2.4-11 s instead of 1.05 s (session
     12). The other nodes keep it until they are measured: under the single-threaded executor, one
     edge-cloud test under rclpy (duplicate and stale verify results) timed out in 2 of 6 runs."""
-    if getattr(node, "single_threaded", False):
+    if node.single_threaded:
         executor = SingleThreadedExecutor()
     else:
-        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + getattr(node, "goal_threads", 0))
+        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + node.goal_threads)
     executor.add_node(node)
     try:
         executor.spin()

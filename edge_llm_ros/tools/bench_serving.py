@@ -14,7 +14,7 @@ nothing else competes for the cores while they run):
                      core.engine.batching.LlamaBatch: N sequences at a time (one wave per round of the
                      clients), their prompts prefilled together, then one decode per step with a
                      row per unfinished sequence. No node, no messages: the ceiling for the node.
-    node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 backend:=llama.cpp
+    node             ``launch/pipeline.launch.py`` (serve_node, ``max_requests:=16 engine:=llama.cpp
                      mode:=ar``: batched ar whatever the device plan says) as real
                      processes; N closed-loop clients in this process, each sending its share of
                      requests one after another (send, wait for the result, send the next).
@@ -61,7 +61,7 @@ GOAL_TIMEOUT_S = 300.0
 NAMESPACE = "/edge_llm"
 LAUNCH = "pipeline"
 SERVING = r"\[serve_node-\d+\].*serving"  # what serve_node says it serves (for the report)
-PLAN_REACHED = r"\[serve_node-\d+\].*plan(:| refused)"  # planner_node's plan reached serve_node (wait_for_plan)
+PLANNER = f"{NAMESPACE}/planner_node"  # active: the device plan is published
 # Launch arguments given when some node of the pipeline declares them (others are noted in the report).
 MODEL_ARG, THREADS_ARG, MAX_REQUESTS_ARG = "model", "threads", "max_requests"
 
@@ -284,11 +284,12 @@ class Clients:
 
     def wait_ready(self, deployment: Deployment, plan, timeout: float) -> None:
         """Until the generate server's node is lifecycle-active (serve_node; echo_node, the stand-in, once
-        it answers) and, with planner_node in the launch, its plan has reached serve_node."""
+        it answers) and, with planner_node in the launch, planner_node is active too (its device plan
+        published, the calibration over), so no calibration runs during the measurement."""
         deadline = time.monotonic() + timeout
         self.llm.wait_until_ready(timeout, check=deployment.check_alive)
         if "planner_node" in {node.name for node in plan.nodes}:
-            wait_for_plan(deployment, max(deadline - time.monotonic(), 0.0))
+            self.llm.wait_until_active(PLANNER, timeout, check=deployment.check_alive, deadline=deadline)
 
     def request(self, request: Request, text: str, max_new_tokens: int) -> Request:
         """Send one greedy goal and wait for its result; times and tokens filled into ``request``."""
@@ -333,21 +334,6 @@ class Clients:
         self.llm.close()
 
 
-def wait_for_plan(deployment: Deployment, timeout: float) -> None:
-    """Until planner_node's plan has reached serve_node (applied or refused), so that neither the
-    planner's calibration nor a switch of plans runs during the measurement: serve_node's line about
-    the plan, the one readiness still read from a log.
-    TODO(issue 27): planner_node is being made a lifecycle node; then wait on its get_state (and on
-    a plan serve_node reports as applied) instead of this line."""
-    deadline = time.monotonic() + timeout
-    while not deployment.log.find(PLAN_REACHED):
-        deployment.check_alive()
-        if time.monotonic() > deadline:
-            raise ToolError(f"planner_node's plan did not reach serve_node within {timeout:g} s; last lines:\n"
-                            f"{deployment.log.tail()}")
-        deployment.thread.join(0.5)  # wakes at once when the launcher stops
-
-
 def pipeline_plan(wanted: list[str], given: list[str]):
     """launch/pipeline.launch.py with ``given`` (each must be a launch argument of it) and those of
     ``wanted`` some node declares; the plan, the arguments applied, and those left out."""
@@ -368,7 +354,7 @@ def ready_conditions(plan) -> list[str]:
     """What the bench waits for before it measures (Clients.wait_ready), for the report."""
     names = {node.name for node in plan.nodes}
     return [f"{NAMESPACE}/generate answers and its node is lifecycle-active",
-            *([f"serve_node's line /{PLAN_REACHED}/ (planner_node's plan reached it)"] if "planner_node" in names else [])]
+            *([f"{PLANNER} is lifecycle-active (its device plan published)"] if "planner_node" in names else [])]
 
 
 def serving_lines(log: EventLog) -> list[str]:
@@ -405,7 +391,7 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     prompts = list(BENCH_PROMPTS)
     max_requests = max(MAX_REQUESTS, *client_counts)
     # ar batched on llama.cpp whatever the device plan says: the exact batched path this bench is about
-    wanted = [f"{MAX_REQUESTS_ARG}:={max_requests}", f"{THREADS_ARG}:={threads}", "backend:=llama.cpp", "mode:=ar"]
+    wanted = [f"{MAX_REQUESTS_ARG}:={max_requests}", f"{THREADS_ARG}:={threads}", "engine:=llama.cpp", "mode:=ar"]
     plan, applied, left_out = pipeline_plan(wanted, [*([f"{MODEL_ARG}:={model}"] if model_given else []), *extra_args])
     started = time.perf_counter()
     llama = llama_cpp_rows(model, prompts, client_counts, per_client, max_new_tokens, threads)  # before the launch

@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except BrokenPipeError:  # `| head`: the reader left; nothing more to say
         return EXIT_OK
     finally:
-        if target is not None and hasattr(target, "close"):  # a llama.cpp context
-            target.close()
+        if target is not None:
+            target.close()  # a llama.cpp context's memory (nothing for a torch model)
 
 
 if __name__ == "__main__":

@@ -83,11 +83,11 @@ def hf_assist_for(draft: NamedDrafter) -> HFAssist:
     if isinstance(drafter, PromptLookupDrafter):
         kwargs = {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS, "max_matching_ngram_size": drafter.max_ngram}
         return HFAssist(kwargs, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens, n-gram <= {drafter.max_ngram})")
-    model = getattr(drafter, "model", None)
-    if getattr(drafter, "observe", None) is not None:  # drafts from the target's features: no HF counterpart
+    if drafter.needs_features:  # drafts from the target's features: no HF counterpart
         return HFAssist(None, f"no transformers equivalent of {type(drafter).__name__} (drafts from target features)")
+    model = drafter.model if isinstance(drafter, ModelDrafter) else None
     if isinstance(drafter, ModelDrafter) and isinstance(model, TorchCausalLM):
-        assistant = hf_view(model, drafter.vocab_ids, getattr(drafter, "adapter", None))
+        assistant = hf_view(model, drafter.vocab_ids, drafter.adapter)
         cfg = assistant.generation_config
         return HFAssist(
             {"assistant_model": assistant},

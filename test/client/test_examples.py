@@ -29,7 +29,7 @@ def example(name: str, *args: str, timeout: float) -> subprocess.CompletedProces
 @pytest.mark.slow  # serve_node with SmolLM2 as a process
 def test_generate_example_answers_through_the_launched_pipeline(router_endpoint, tmp_path):
     launch = Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", "pipeline", "calibrate:=never",
-                   "backend:=llama.cpp", "mode:=ar", "--router", router_endpoint],
+                   "engine:=llama.cpp", "mode:=ar", "--router", router_endpoint],
                   env={"EDGE_LLM_ROS_PLAN": str(tmp_path / "plan.json"), "EDGE_LLM_BACKEND": "zenoh"})
     try:
         expected = generate_cli(PROMPT, 32)

@@ -129,6 +129,7 @@ def test_prompts_are_prefilled_first_come_first_served_in_chunks_and_stay_exact(
 
 
 def test_bad_requests_are_refused_before_they_queue(batch, prompts):
+    assert repr(batch) == f"LlamaBatch({batch.path.name}, 16 sequences x 512 tokens, 1 threads)"
     server = BatchServer(batch, max_requests=1, max_pending=1)
     try:
         with pytest.raises(ValueError, match="context window is 512"):
@@ -159,6 +160,19 @@ def test_close_ends_every_request_and_refuses_new_ones(batch, prompts):
     assert waiting.error == "server shut down"
     with pytest.raises(ServerClosedError):
         server.submit(prompts[0], preset("ar"))
+
+
+def test_engine_server_runs_a_llama_cpp_models_requests_one_at_a_time_each_equal_to_solo(tokenizer, prompts, solo):
+    """A llama.cpp model holds one live cache (its live_caches is 1): interleaved, the second request's
+    new cache would cut the first one's off; one after the other, each gets its solo output."""
+    server = EngineServer(load_llama_cpp(n_ctx=512, n_threads=1, tokenizer=tokenizer), max_requests=4,
+                          max_pending=0)
+    try:
+        assert (server.run_limit, server.kind) == (1, "one at a time")
+        streams = finished([server.submit(ids, preset("ar", max_new_tokens=NEW_TOKENS)) for ids in prompts[:3]])
+        assert [s.tokens for s in streams] == solo[:3]
+    finally:
+        server.close()  # frees the model too
 
 
 def test_engine_server_interleaves_requests_on_torch_each_equal_to_solo(tiny, tiny_drafters):

@@ -119,7 +119,8 @@ def test_sd_with_the_llama_cpp_draft_equals_the_targets_greedy_output(smollm2, d
 def test_a_target_with_another_vocabulary_is_refused(exported):
     with pytest.raises(ValueError, match="vocabulary of 49152 tokens.*one of 64"):
         load_llama_drafter(tiny_llama(vocab_size=64), exported, n_threads=THREADS)
-    byte_level = types.SimpleNamespace(vocab_size=49152, tokenizer=byte_tokenizer())  # same size, other tokens
+    # same size, other tokens (a CausalLM as far as the check reads one: no file of its own)
+    byte_level = types.SimpleNamespace(vocab_size=49152, tokenizer=byte_tokenizer(), path=None)
     with pytest.raises(DraftMismatchError, match="different tokenizers"):
         load_llama_drafter(byte_level, exported, n_threads=THREADS)
     source = json.loads(read_gguf_string(exported, INPUT_EMBEDDING_KEY))

@@ -9,6 +9,7 @@ from edge_llm_ros.core.drafts.draft_models import FeatureDrafter, build_heads, l
 from edge_llm_ros.core.engine.config import GenerationConfig
 from edge_llm_ros.core.engine.decoding import generate_all
 from edge_llm_ros.core.engine.drafters import TreeSpec
+from edge_llm_ros.core.engine.models import CausalLM
 from edge_llm_ros.core.engine.sampling import Sampler
 from edge_llm_ros.core.training.distill import TrainConfig, generate_responses
 from edge_llm_ros.core.training.heads import cached_features, evaluate_heads, target_features, train_heads
@@ -36,7 +37,7 @@ def test_features_are_the_targets_last_layer(target, dataset):
     ids = sample.prompt_ids + sample.response_ids
     feats = target_features(target, [sample], progress=False)[0]
     cache = target.new_cache(len(ids))
-    _, hidden = target.forward(torch.tensor(ids), torch.arange(len(ids)), None, cache, return_hidden=True)
+    _, hidden = target.forward_features(torch.tensor(ids), torch.arange(len(ids)), None, cache)
     assert feats.shape == hidden.shape
     assert torch.allclose(feats.float(), hidden, atol=1e-2, rtol=1e-2)  # stored fp16
 
@@ -94,7 +95,7 @@ def test_without_features_the_drafter_refuses(target):
 
 
 def test_a_target_without_features_is_refused_before_generation(target):
-    class TokensOnly:  # a backend that returns logits only (llama.cpp-like)
+    class TokensOnly(CausalLM):  # a backend that returns logits only (llama.cpp-like): provides_features False
         vocab_size, max_context, tokenizer = VOCAB, 128, None
 
         def new_cache(self, capacity):

@@ -17,7 +17,7 @@ import pytest
 
 from edge_llm_ros.core.engine.config import preset
 from edge_llm_ros.core.engine.decoding import generate_all
-from edge_llm_ros.core.engine.drafters import ModelDrafter, TreeSpec
+from edge_llm_ros.core.engine.drafters import ModelDrafter, TreeSpec, WrappedDrafter
 from edge_llm_ros.core.engine.models import load_model, tiny_llama
 from edge_llm_ros.core.engine.partial import load_stage_model
 from edge_llm_ros.core.pipeline.schedulers import PAPER_SHAPE, ChunkPP, FlowSpec, FlowSpecShape, PipelineAR
@@ -45,18 +45,16 @@ def schedulers(prompt, drafter, new_tokens, chunks):
                                                segment=4, in_flight=3), **kw)}
 
 
-class SpecLog:
+class SpecLog(WrappedDrafter):
     """A drafter that records the widths it was asked for."""
 
     def __init__(self, drafter) -> None:
-        self.drafter, self.widths = drafter, []
+        super().__init__(drafter)
+        self.widths = []
 
     def propose(self, context, spec, sampler):
         self.widths.append(spec.width)
         return self.drafter.propose(context, spec, sampler)
-
-    def update(self, tree, verification) -> None:
-        self.drafter.update(tree, verification)
 
 
 @pytest.fixture(scope="module")

@@ -188,10 +188,11 @@ def test_the_launcher_accepts_the_plan(plan, tmp_path, capsys):
 
 def test_the_plan_message_carries_the_deployment(plan):
     from edge_llm_ros import runtime as rt
+    from edge_llm_ros.nodes.wire import pipeline_plan_fields, pipeline_plan_of
 
-    msg = rt.message("edge_llm_ros/msg/Plan")(**plan.message_fields(["/a", "/b", "/c"]))
+    msg = rt.message("edge_llm_ros/msg/Plan")(**pipeline_plan_fields(plan, ["/a", "/b", "/c"]))
     assert list(msg.stage_nodes) == ["/a", "/b", "/c"] and list(msg.prefill_chunks) == list(plan.prefill_chunks)
-    back = PipelinePlan.from_message(msg)
+    back = pipeline_plan_of(msg)
     assert [s.layers for s in back.stages] == [s.layers for s in plan.stages]
     assert (back.mode, back.segment, back.in_flight, back.prefill_chunks, back.reason) == \
            (plan.mode, plan.segment, plan.in_flight, plan.prefill_chunks, plan.reason)

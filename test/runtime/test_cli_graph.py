@@ -61,7 +61,7 @@ def test_topic_echo_learns_the_type_from_the_graph(echo_node):
     assert "\nnode_name: echo_node\nrequest_id: ''\nmode: echo\n" in result.stdout
     sec = re.match(r"header:\n  stamp:\n    sec: (\d+)\n    nanosec: \d+\n  frame_id: ''\n", result.stdout)
     assert sec and abs(int(sec[1]) - time.time()) < 120, result.stdout
-    assert result.stdout.endswith("\nactive_requests: 0\n---\n") and "__msgtype__" not in result.stdout
+    assert result.stdout.endswith("\nignored_results: 0\n---\n") and "__msgtype__" not in result.stdout
 
 
 def test_topic_echo_field_and_csv(echo_node):

@@ -49,6 +49,8 @@ probs:
 done: true
 finish_reason: eos
 error: ''
+status:
+  code: 0
 """
 
 
@@ -70,6 +72,8 @@ probs: []
 done: false
 finish_reason: ''
 error: ''
+status:
+  code: 0
 """
     stats = received("edge_llm_ros/msg/InferenceStats", node_name="draft_node", mode="ee", tokens=42,
                      tokens_per_s=12.3, ttft_s=1e-5, tau=2.5, acceptance_rate=math.nan, avg_exit_layer=-0.0)
@@ -156,11 +160,13 @@ probs: '<sequence type: float, length: 2>'
 done: true
 finish_reason: '<string length: <3>>'
 error: '<string length: <0>>'
+status:
+  code: 0
 """
     assert message_to_csv(chunk, ECHO) == \
-        "1700000000,5,base_link,r-1,3,1,-2,3,say: \"hi\" it's,0.5,0.10000000149011612,True,eos,"
+        "1700000000,5,base_link,r-1,3,1,-2,3,say: \"hi\" it's,0.5,0.10000000149011612,True,eos,,0"
     assert message_to_csv(received("edge_llm_ros/msg/TokenChunk", request_id="r-2", text="two\nlines"), ECHO) == \
-        "0,0,,r-2,0,,two\nlines,,False,,"
+        "0,0,,r-2,0,,two\nlines,,False,,,0"
     # ros2 adds no comma after an empty start: the empty layout.dim leaves no trace
     assert message_to_csv(received("std_msgs/msg/ByteMultiArray", data=[1, 65]), ECHO) == "0,b'\\x01',b'A'"
 

@@ -18,8 +18,8 @@ from edge_llm_ros.core.engine.config import GenerationConfig
 from edge_llm_ros.core.engine.decoding import generate_all
 from edge_llm_ros.core.engine.drafters import ModelDrafter
 from edge_llm_ros.core.engine.models import tiny_llama
-from edge_llm_ros.nodes.common import from_message, to_message
 from edge_llm_ros.nodes.edge_link import VerifierLink
+from edge_llm_ros.nodes.wire import from_message, to_message
 
 PROMPT = [1, 2, 3, 4, 5]
 CONFIG = GenerationConfig(mode="sd", gamma=4, max_new_tokens=16)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 
 import pytest
 from hosts import BACKENDS, host_for, latched
+from hosts import start_launch as launch_on
+from hosts import stop_launch as stop
 from support import REPO, Proc, cli, wait_until
 
 pytestmark = pytest.mark.slow  # three node processes, SmolLM2 in one
@@ -67,17 +68,9 @@ class Recorder:
 
 
 def start_launch(host, router_endpoint: str, max_actions: int, *extra: str) -> Proc:
-    """The go2_sim launch on the host's backend: `edge-llm-ros launch go2_sim` on the embedded
-    runtime; `ros2 launch edge_llm_ros go2_sim.launch.py` under rclpy, the nodes from the colcon
-    install (as test_ros2's launches), on the host's ROS domain."""
-    args = [f"max_actions:={max_actions}", "world:=seeded", f"seed:={SEED}", *extra]
-    if host.backend == "rclpy":
-        env = {**os.environ, **host.child_env, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                            if p and os.path.realpath(p) != str(REPO))
-        return Proc(["ros2", "launch", "edge_llm_ros", "go2_sim.launch.py", *args], env=env)
-    return Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", "go2_sim", *args,
-                 "--router", router_endpoint])
+    """The go2_sim launch on the host's backend (hosts.start_launch)."""
+    return launch_on(host, router_endpoint, "go2_sim", f"max_actions:={max_actions}", "world:=seeded", f"seed:={SEED}",
+                     *extra)
 
 
 def publish_instruction(host) -> None:
@@ -165,17 +158,6 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
     finally:
         probe.destroy_node()
         stop(launch)
-
-
-def stop(launch: Proc) -> None:
-    """Ctrl-C, as a user stops a launch (SIGTERM to `ros2 launch` would leave its nodes running)."""
-    if launch.popen.poll() is None:
-        launch.popen.send_signal(signal.SIGINT)
-        try:
-            launch.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    launch.stop()
 
 
 

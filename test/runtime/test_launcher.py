@@ -742,23 +742,25 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
             "stats_period_s": "1.0", "context": "2048"}.items() <= declared.items()
     nodes = [a.kwargs for a in actions if type(a).__name__ in ("Node", "LifecycleNode")]
     assert [type(a).__name__ for a in actions if type(a).__name__ in ("Node", "LifecycleNode")] == [
-        "Node", "LifecycleNode", "Node"]  # serve_node is managed
+        "LifecycleNode", "LifecycleNode", "Node"]  # planner_node and serve_node are managed
     assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
         ("edge_llm_ros", "planner_node", "planner_node", "edge_llm", "screen"),
         ("edge_llm_ros", "serve_node", "serve_node", "edge_llm", "screen"),
         ("edge_llm_ros", "monitor_node", "monitor", "edge_llm", "screen")]
     serve_file, serve_overrides, managed = nodes[1]["parameters"]
     assert serve_file == str(installed) and managed == {"autostart": False}  # the launch drives its transitions
-    serve = next(a for a in actions if type(a).__name__ == "LifecycleNode")
+    assert nodes[0]["parameters"][2] == {"autostart": False}
+    managed_nodes = [a for a in actions if type(a).__name__ == "LifecycleNode"]
     handlers = [a.args[0] for a in actions if type(a).__name__ == "RegisterEventHandler"]
-    on_start, on_configured = handlers
-    assert type(on_start).__name__ == "OnProcessStart" and on_start.kwargs["target_action"] is serve
-    (configure,) = on_start.kwargs["on_start"]
-    assert configure.kwargs["event"].kwargs == {"lifecycle_node_matcher": ("matches", serve), "transition_id": 1}
-    assert on_configured.kwargs["target_lifecycle_node"] is serve
-    assert (on_configured.kwargs["start_state"], on_configured.kwargs["goal_state"]) == ("configuring", "inactive")
-    (activate,) = on_configured.kwargs["entities"]
-    assert activate.kwargs["event"].kwargs["transition_id"] == 3
+    assert len(handlers) == 4  # each managed node: configure when its process starts, activate when configured
+    for node, (on_start, on_configured) in zip(managed_nodes, (handlers[:2], handlers[2:])):
+        assert type(on_start).__name__ == "OnProcessStart" and on_start.kwargs["target_action"] is node
+        (configure,) = on_start.kwargs["on_start"]
+        assert configure.kwargs["event"].kwargs == {"lifecycle_node_matcher": ("matches", node), "transition_id": 1}
+        assert on_configured.kwargs["target_lifecycle_node"] is node
+        assert (on_configured.kwargs["start_state"], on_configured.kwargs["goal_state"]) == ("configuring", "inactive")
+        (activate,) = on_configured.kwargs["entities"]
+        assert activate.kwargs["event"].kwargs["transition_id"] == 3
     assert {k: (v.args[0], v.kwargs["default"]) for k, v in serve_overrides.items()}["max_requests"] == (
         "max_requests", "16")
     assert list(nodes[2]["parameters"][1]) == ["stats_period_s"]

@@ -269,6 +269,7 @@ def test_embedded_node_shapes_its_configured_topics(rt_session):
         shaped = rtf.shaped(sender, sender.create_publisher(String, "shaped", 10))
         plain = sender.create_publisher(String, "plain", 10)
         assert shaped.link is not None and shaped.link.spec.latency_ms == 40.0
+        assert sender.emulated_links.get("/link_inproc/shaped") is shaped.link  # the node's links, declared
         assert plain.link is None
         assert shaped.wait_for_subscribers(20) and plain.wait_for_subscribers(20)
         sent = time.monotonic()

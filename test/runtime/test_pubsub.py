@@ -103,6 +103,22 @@ def generate_client(rt, name: str):
     return node, Generate, client
 
 
+def test_a_node_declares_what_the_runtime_keeps_on_it(rt_session):
+    """single_threaded, goal_threads and emulated_links are the Node's, with defaults (runtime/ros.py's
+    Node declares the same); every action server adds its max_goals to goal_threads."""
+    from edge_llm_ros.runtime.actions import ActionServer
+
+    node = rt_session.Node("declared", namespace="rt_declared")
+    try:
+        assert (node.single_threaded, node.goal_threads) == (False, 0)
+        assert not node.emulated_links and node.emulated_links.get("/rt_declared/any") is None
+        ActionServer(node, "edge_llm_ros/action/Generate", "first", lambda handle: None, max_goals=3)
+        ActionServer(node, "edge_llm_ros/action/Generate", "second", lambda handle: None, max_goals=2)
+        assert node.goal_threads == 5
+    finally:
+        node.destroy_node()
+
+
 def test_action_streams_500_feedback_in_order(rt_session, peer):
     node, Generate, client = generate_client(rt_session, "action_test")
     seen: list[int] = []

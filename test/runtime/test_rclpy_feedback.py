@@ -32,11 +32,10 @@ def rclpy_context(ros2_env):
 def server(rclpy_context):
     """An action server that streams N_FEEDBACK feedback messages, then succeeds; the Event it sets
     once it has sent a goal's result to the client (one goal at a time)."""
-    import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
     from edge_llm_ros.action import Generate
-    from edge_llm_ros.runtime.ros import ActionServer
+    from edge_llm_ros.runtime.ros import ActionServer, Node
 
     answered = threading.Event()
 
@@ -51,8 +50,9 @@ def server(rclpy_context):
         goal_handle.succeed()
         return Generate.Result(text="done")
 
-    node = rclpy.create_node("feedback_server", context=rclpy_context)
+    node = Node("feedback_server", context=rclpy_context)  # the runtime's: ActionServer counts its goal threads
     Server(node, Generate, "stream", execute)
+    assert node.goal_threads == 1  # max_goals' default: one executor thread more (runtime.ros.spin)
     executor = MultiThreadedExecutor(num_threads=3, context=rclpy_context)
     executor.add_node(node)
     thread = threading.Thread(target=executor.spin, daemon=True)

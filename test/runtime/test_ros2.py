@@ -254,12 +254,15 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
                 ([f"  {name}\n" for name in ("max_requests", "max_pending", "backend", "mode", "context")],
                  ("param", "list", "--no-daemon", "/edge_llm/serve_node")),
                 (["Integer value is: 16"], ("param", "get", "--no-daemon", "/edge_llm/serve_node", "max_requests")),
-                # serve_node is the one managed node; the launch took it to active (test_launcher: autostart false)
-                (["/edge_llm/serve_node"], ("lifecycle", "nodes", "--no-daemon", "--spin-time", "3")),
+                # the managed nodes; the launch took serve_node to active (test_launcher: autostart false), and
+                # planner_node, with no plan saved and calibrate never, stays unconfigured (no plan published)
+                (["/edge_llm/planner_node", "/edge_llm/serve_node"],
+                 ("lifecycle", "nodes", "--no-daemon", "--spin-time", "3")),
                 (["active [3]"], ("lifecycle", "get", "--no-daemon", "/edge_llm/serve_node")),
+                (["unconfigured [1]"], ("lifecycle", "get", "--no-daemon", "/edge_llm/planner_node")),
                 (["Subscription count: 1"], ("topic", "info", "--no-daemon", "/edge_llm/response"))]]
             nodes = [c.result() for c in checks][3]
-        assert "planner_node" not in nodes and "monitor" not in nodes
+        assert "monitor" not in nodes
         ros2(env, "topic", "pub", "--once", "-w", "1", "/edge_llm/instruction", "std_msgs/msg/String",
              json.dumps({"data": PROMPT}))
         echo.wait_for_line("done: true", 120)

@@ -322,8 +322,10 @@ class FeatureDrafter(ModelDrafter):
     next ``propose``. Needs :meth:`observe` from the engine (``generate`` calls it).
     """
 
+    needs_features = True
+
     def __init__(self, head: Draft) -> None:
-        if getattr(head, "fc", None) is None:
+        if head.fc is None:
             raise ValueError(f"{head.name} is not a feature head (no fc layer)")
         super().__init__(head.model, head.vocab_ids)
         self.head = head

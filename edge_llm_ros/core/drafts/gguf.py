@@ -53,13 +53,21 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from ..engine.drafters import ModelDrafter
-from ..engine.models import _model_path, _write_cache_entry, gguf_cache_entry, tokenizer_fingerprint, vocab_fingerprint
+from ..engine.llama_backend import LlamaCache, LlamaCppLM
+from ..engine.models import (
+    CausalLM,
+    _model_path,
+    _write_cache_entry,
+    gguf_cache_entry,
+    tokenizer_fingerprint,
+    vocab_fingerprint,
+)
 from .draft_models import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -477,19 +485,30 @@ class TokenEmbedding:
         return dequantize(np.asarray(self.rows[ids]), self.type)  # [T, n_embd] fp32
 
 
-class SubsetVocabLM:
+class SubsetVocabLM(CausalLM["LlamaCache"]):
     """A causal LM (llama.cpp's) whose logits are -inf outside ``vocab_ids``: the draft
     distribution of a head that scores only those ids, as the torch draft's does. The model scores
-    either the subset only (a subset GGUF: row k is id ``vocab_ids[k]``) or the whole vocabulary."""
+    either the subset only (a subset GGUF: row k is id ``vocab_ids[k]``) or the whole vocabulary.
+    Window, tokenizer, file, threads, caches and capabilities are the wrapped model's."""
 
-    def __init__(self, lm, vocab_ids: torch.Tensor, vocab_size: int) -> None:
+    def __init__(self, lm: LlamaCppLM, vocab_ids: torch.Tensor, vocab_size: int) -> None:
         self.lm = lm
         self.vocab_ids = vocab_ids
         self.vocab_size = vocab_size
         self.scores_subset = lm.vocab_size == len(vocab_ids)
+        self.max_context, self.tokenizer, self.path = lm.max_context, lm.tokenizer, lm.path
+        self.provides_features, self.exposes_layers, self.live_caches = (
+            lm.provides_features, lm.exposes_layers, lm.live_caches)
 
-    def __getattr__(self, name: str):  # max_context, tokenizer, new_cache, close ...
-        return getattr(self.lm, name)
+    @property
+    def n_threads(self) -> int:
+        return self.lm.n_threads
+
+    def new_cache(self, capacity: int) -> LlamaCache:
+        return self.lm.new_cache(capacity)
+
+    def close(self) -> None:
+        self.lm.close()
 
     def forward(self, token_ids, position_ids, mask, cache, logits_rows=slice(None)):
         logits = self.lm.forward(token_ids, position_ids, mask, cache, logits_rows)  # [T', V'] (V' = K or V)
@@ -503,12 +522,21 @@ class SubsetVocabLM:
     __call__ = forward
 
 
+class DraftTarget(Protocol):
+    """What a llama.cpp draft is checked against: its target's vocabulary, tokenizer and model file
+    (None: not one file), as every CausalLM and core/drafts/loading.TargetVocabulary declare them."""
+
+    vocab_size: int
+    tokenizer: Any
+    path: Path | None
+
+
 def check_vocabulary(
-    lm, target, path: Path, vocab_ids: torch.Tensor | None = None, vocab_size: int | None = None
+    lm: LlamaCppLM, target: DraftTarget, path: Path, vocab_ids: torch.Tensor | None = None, vocab_size: int | None = None
 ) -> None:
     """Refuse a draft (a LlamaCppLM) whose vocabulary size or tokenizer differs from ``target``'s;
     a subset GGUF (``vocab_ids``, over a vocabulary of ``vocab_size``) is compared on the subset."""
-    name = getattr(target, "path", None) or type(target).__name__
+    name = target.path or type(target).__name__
     size = lm.vocab_size if vocab_size is None else vocab_size
     if size != target.vocab_size:
         raise DraftMismatchError(f"draft {path} has a vocabulary of {size} tokens, the target ({name}) "
@@ -526,11 +554,11 @@ def check_vocabulary(
 
 
 def load_llama_drafter(
-    target, path: str | os.PathLike | None = None, vocab: str = DEFAULT_VOCAB, **llama_kwargs
+    target: DraftTarget, path: str | os.PathLike | None = None, vocab: str = DEFAULT_VOCAB, **llama_kwargs
 ) -> ModelDrafter:
     """A :class:`ModelDrafter` over draft GGUF ``path`` on llama.cpp (None: :func:`default_draft_gguf`
     for the target's GGUF if it runs on llama.cpp, else for SmolLM2's; ``vocab``: its layout, one of
-    :data:`VOCABS`), for ``target`` (any CausalLM); a subset GGUF is fed the target GGUF's embeddings;
+    :data:`VOCABS`), for ``target`` (any CausalLM, or a TargetVocabulary); a subset GGUF is fed the target GGUF's embeddings;
     ``llama_kwargs``: :class:`~.llama_backend.LlamaCppLM`'s (the tokenizer defaults to the target's).
 
     Raises :class:`~.draft_models.DraftMismatchError` (a ValueError naming both) if the draft's vocabulary size or
@@ -539,7 +567,7 @@ def load_llama_drafter(
     from ..engine.llama_backend import load_llama_cpp
 
     if path is None:
-        target_gguf = getattr(target, "path", None)  # a llama.cpp target's own GGUF
+        target_gguf = target.path  # a llama.cpp target's own GGUF (None: a torch target)
         path = default_draft_gguf(target_gguf if str(target_gguf).endswith(".gguf") else None, vocab=vocab)
     file = Path(path)
     llama_kwargs.setdefault("tokenizer", target.tokenizer)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..engine.drafters import ModelDrafter, PromptLookupDrafter
+from ..engine.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from ..engine.llama_backend import LlamaCppError, llama_cpp_available, load_llama_cpp
 from ..engine.models import TorchCausalLM, default_model_path, load_model, load_tokenizer, tiny_llama
 from .draft_models import load_drafter
@@ -281,10 +281,12 @@ def default_draft(target: TorchCausalLM) -> NamedDrafter:
     return draft
 
 
-def describe(drafter) -> str:
-    model = getattr(drafter, "model", None)
+def describe(drafter: Drafter) -> str:
+    """The drafter's class, and for a model drafter its layers (a torch model) and vocabulary subset."""
+    if not isinstance(drafter, ModelDrafter):
+        return type(drafter).__name__
+    model, vocab = drafter.model, drafter.vocab_ids
     layers = f", {len(model.layer_ids)} layers" if isinstance(model, TorchCausalLM) else ""
-    vocab = getattr(drafter, "vocab_ids", None)
     head = f", head over {len(vocab)} token ids" if vocab is not None else ""
     return f"{type(drafter).__name__}{layers}{head}"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from edge_llm_ros.errors import Busy, PeerGone
+from edge_llm_ros.errors import Busy, PeerGone, Status, status_of
 
 from ..engine.config import GenerationConfig
 from ..engine.tree import TokenTree
@@ -49,7 +49,8 @@ class SpeculationMissed(Exception):
 
 
 class DraftRejectedError(PeerGone):
-    """The verifier answered a draft with an error (VerifyResult.error)."""
+    """The verifier answered a draft with an error (VerifyResult.error); its code is the verifier's
+    (VerifyResult.status: a busy verifier makes the request BUSY), PEER_GONE when it gave none."""
 
 
 # -- the wire records ---------------------------------------------------------------------------
@@ -299,6 +300,7 @@ class VerifyOutcome:
     probs: list[float] = field(default_factory=list)
     error: str = ""
     verify_time_s: float = 0.0  # the verifier's time for the round (final outcomes)
+    status: int = 0  # a rejection's code (edge_llm_ros.errors.Status): BUSY, INACTIVE, INVALID or FAILED
 
     @property
     def new_tokens(self) -> list[int]:
@@ -309,9 +311,11 @@ class VerifyOutcome:
         return tuple(self.accepted_nodes), self.next_token
 
     @classmethod
-    def rejection(cls, request_id: str, round: int, error: Exception | str) -> VerifyOutcome:
-        """The final answer to a draft that could not be verified (the node publishes it)."""
-        return cls(request_id, round, True, 0, 0.0, [], [], -1, [], str(error) or type(error).__name__)
+    def rejection(cls, request_id: str, round: int, error: Exception | str, status: int | None = None) -> VerifyOutcome:
+        """The final answer to a draft that could not be verified (the node publishes it); ``status``
+        defaults to the exception's code (errors.status_of), FAILED for a bare reason."""
+        code = status if status is not None else status_of(error) if isinstance(error, BaseException) else Status.FAILED
+        return cls(request_id, round, True, 0, 0.0, [], [], -1, [], str(error) or type(error).__name__, 0.0, int(code))
 
 
 # -- wire sizes: what a record weighs as its message (the emulated and simulated links send these) ------

@@ -176,7 +176,7 @@ class EarlyExitDrafter:
             raise ValueError(f"proposal_top_k must be in [1, {MAX_TOPK}], got {proposal_top_k}")
         self.proposal_top_k = proposal_top_k
         for d in drafters:
-            if getattr(d, "observe", None) is not None:
+            if d.needs_features:
                 raise ValueError(f"{type(d).__name__} drafts from the target's features, which stay on the server")
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
@@ -217,7 +217,7 @@ class EarlyExitDrafter:
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
         drafters = list(own_drafters) or self.drafters
-        vocab = getattr(drafters[0], "vocab_size", None)
+        vocab = drafters[0].vocab_size
         if vocab is not None and (min(prompt) < 0 or max(prompt) >= vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         with self._lock:
@@ -226,10 +226,10 @@ class EarlyExitDrafter:
             if len(self._requests) >= self.max_requests:
                 raise RequestLimitError(f"drafting {len(self._requests)} requests (max_requests="
                                         f"{self.max_requests}); end one with end(request_id)")
-            window = min(getattr(d, "max_context", None) or 1 << 30 for d in drafters)
+            window = min(d.max_context or 1 << 30 for d in drafters)
             if len(prompt) >= window:
                 raise ValueError(f"prompt has {len(prompt)} tokens but the context window is {window}")
-            tokenizer = getattr(drafters[0], "tokenizer", None)
+            tokenizer = drafters[0].tokenizer
             if config.stop_strings and tokenizer is None:
                 raise ValueError("stop_strings need a tokenizer on the drafter")
             eos = eos_ids(drafters[0], config)
@@ -320,7 +320,8 @@ class EarlyExitDrafter:
             if state is None:
                 return None
             if outcome.error:
-                raise DraftRejectedError(f"request {outcome.request_id!r} round {outcome.round}: {outcome.error}")
+                raise DraftRejectedError(f"request {outcome.request_id!r} round {outcome.round}: {outcome.error}",
+                                         outcome.status)
             if not _valid_path(state.tree, outcome):
                 raise ValueError(f"final outcome of request {outcome.request_id!r} round {outcome.round} does not "
                                  f"fit the draft sent (accepted_nodes {outcome.accepted_nodes}, accepted_ids "

@@ -133,7 +133,7 @@ class EarlyExitVerifier:
         eos_ids: Sequence[int] = (),
         tasks: Mapping[str, VerifierTask] | None = None,
     ) -> None:
-        if not hasattr(target, "decoder_layer"):
+        if not target.exposes_layers:
             raise ValueError(f"early exits need a torch target whose layers we drive; got {type(target).__name__}")
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")

@@ -38,7 +38,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +47,10 @@ import torch
 from edge_llm_ros.errors import Busy
 
 from .config import GenerationConfig, GenerationStats
-from .decoding import StopStrings, check_request, eos_ids, finish_reason, generate
+from .decoding import StopStrings, check_prompt, check_request, eos_ids, finish_reason, generate
+from .drafters import Drafter
+from .llama_backend import LlamaCppError, LlamaHandles, free_handles, load_model, new_context
+from .models import CausalLM, _model_path, load_tokenizer
 from .sampling import Sampler, make_generator
 
 
@@ -284,16 +287,13 @@ class Server:
 # -- llama.cpp: one sequence per request -----------------------------------------------------------
 
 
-class LlamaBatch:
+class LlamaBatch(LlamaHandles):
     """One llama.cpp context holding up to ``sequences`` sequences of up to ``context`` tokens each,
     a KV stream each; ``decode`` evaluates rows of several sequences in one ``llama_decode``."""
 
     def __init__(self, source: str | os.PathLike | None = None, *, sequences: int = 16, context: int = 2048,
                  n_threads: int | None = None, n_batch: int = 512, tokenizer="auto") -> None:
         import llama_cpp as lc
-
-        from .llama_backend import LlamaCppError, load_model, new_context
-        from .models import _model_path, load_tokenizer
 
         self._lc = lc
         self.path = _model_path(source)
@@ -314,15 +314,13 @@ class LlamaBatch:
         self.tokenizer = load_tokenizer(self.path) if tokenizer == "auto" else tokenizer
 
     def __repr__(self) -> str:
-        return (f"LlamaBatch({self.path.name}, {self.sequences} sequences x {self.context} tokens, "
+        return (f"LlamaBatch({self.path.name}, {self.sequences} sequences x {self.max_context} tokens, "
                 f"{self.n_threads} threads)")
 
     def decode(self, work: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
         """One ``llama_decode`` of ``work``: (sequence, tokens, position of the first) each, at most
         ``n_batch`` rows in all; the logits [V] after each entry's last token, as views into
         llama.cpp's buffer (valid until the next decode: copy what you keep)."""
-        from .llama_backend import LlamaCppError
-
         batch, lc = self._batch, self._lc
         row, last = 0, []
         for seq, tokens, first in work:
@@ -347,8 +345,6 @@ class LlamaBatch:
         self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
     def close(self) -> None:
-        from .llama_backend import free_handles
-
         free_handles(self)
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
@@ -397,7 +393,7 @@ class BatchServer(Server):
     def check(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         if config.mode != "ar":
             raise ValueError(f"the batched llama.cpp server runs mode ar, got {config.mode!r}")
-        return check_request(self.batch, prompt_ids, config, None)
+        return check_prompt(self.batch, prompt_ids, config, self.batch.max_context)
 
     def _start(self, stream: Stream) -> _Sequence:
         config = stream.config
@@ -452,17 +448,18 @@ class _Turn:
     """A running request on the engine: its generator of tokens."""
 
     stream: Stream
-    tokens: Iterator[int]
+    tokens: Generator[int, None, None]
 
 
 class EngineServer(Server):
     """The engine's ``generate`` per request, one token per turn, round robin (see the module docstring)."""
 
-    def __init__(self, target, drafter=None, *, max_requests: int = 8, max_pending: int = 16) -> None:
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, *, max_requests: int = 8,
+                 max_pending: int = 16) -> None:
         super().__init__(max_requests=max_requests, max_pending=max_pending, name="engine")
         self.target, self.drafter, self.tokenizer = target, drafter, target.tokenizer
-        # one live cache per llama.cpp model: its requests run one at a time
-        self.run_limit = 1 if hasattr(target, "_live") else max_requests
+        # each request holds a cache of its own: as many run at once as the target's live caches
+        self.run_limit = min(max_requests, target.live_caches or max_requests)
         self.kind = "one at a time" if self.run_limit == 1 else "interleaved"
 
     def check(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
@@ -487,11 +484,8 @@ class EngineServer(Server):
                 self._leave(turn, turn.stream.stats.finish_reason)
 
     def _free(self) -> None:
-        if hasattr(self.target, "close"):  # a llama.cpp context
-            self.target.close()
+        self.target.close()
 
     def _end(self, turn: _Turn, reason: str, error: str = "") -> None:
-        close = getattr(turn.tokens, "close", None)
-        if close is not None:
-            close()
+        turn.tokens.close()
         turn.stream._finish(reason, error)

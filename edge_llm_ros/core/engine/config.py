@@ -15,6 +15,20 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .drafters import TreeSpec
 
+# A field is checked as given, whatever its annotation says (a caller may pass a string or a numpy
+# scalar); these are functions so that a type checker, which takes the annotation's word, keeps them.
+
+
+def _is_real(value: object) -> bool:
+    """A real number of any kind (int, float, numpy's): what a float field may be given."""
+    return isinstance(value, numbers.Real)
+
+
+def _is_integer(value: object) -> bool:
+    """An integer of any kind but a bool: what an int field may be given."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 MODES = ("ar", "sd", "tree", "llmcad")
 
 
@@ -55,27 +69,27 @@ class GenerationConfig:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
         for name in ("max_new_tokens", "top_k", "gamma", "tree_depth", "tree_width", "tree_branch", "tree_expand"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not _is_integer(value):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
-        if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
+        if not (_is_real(self.temperature) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not (isinstance(self.top_p, numbers.Real) and 0.0 < self.top_p <= 1.0):  # NaN fails too
+        if not (_is_real(self.top_p) and 0.0 < self.top_p <= 1.0):  # NaN fails too
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
-                                      or not 0 <= self.seed < 2**64):
+        if self.seed is not None and (not _is_integer(self.seed) or not 0 <= self.seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2**64) or None (random), got {self.seed!r}")
         for name in ("gamma", "tree_depth", "tree_width", "tree_branch", "tree_expand"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.alpha <= 1.0:  # NaN fails too
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
-        if isinstance(self.stop_strings, str):
-            self.stop_strings = (self.stop_strings,)
+        given: object = self.stop_strings
+        if isinstance(given, str):  # one stop string
+            self.stop_strings = (given,)
         self.stop_strings = tuple(s for s in self.stop_strings if s)
         if self.eos_token_ids is not None:
             self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)

@@ -184,7 +184,8 @@ class TokenGrammar:
         over the sorted alphabet (at most MAX_STATES): the same list in every process that builds
         the same automaton, so an index into it names a state on the wire."""
         if self._reachable is None:
-            order, seen = [], {self.automaton.start}
+            order: list[Hashable] = []
+            seen = {self.automaton.start}
             frontier = collections.deque([self.automaton.start])
             alphabet = sorted(self.automaton.alphabet)
             while frontier and len(order) < MAX_STATES:
@@ -204,9 +205,9 @@ class TokenGrammar:
         so that the last stage masks it (:meth:`mask_of`)."""
         if state is None:
             return -1
-        self.reachable()
+        reachable = self.reachable()
         if state not in self._state_ids:
-            raise ValueError(f"state {state!r} is beyond the first {len(self._reachable)} reachable states")
+            raise ValueError(f"state {state!r} is beyond the first {len(reachable)} reachable states")
         return self._state_ids[state]
 
     def mask_of(self, state_id: int) -> torch.Tensor:

@@ -15,9 +15,10 @@ Knows nothing about ROS.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -25,7 +26,7 @@ from .config import GenerationConfig, GenerationStats
 from .constraint import TokenGrammar, constrain
 from .drafters import Drafter, PromptLookupDrafter, TreeSpec
 from .kv_cache import KVCache
-from .models import CausalLM
+from .models import CausalLM, TorchCausalLM
 from .sampling import Sampler, make_generator
 from .tree import TokenTree, Verification
 from .verifier import verify
@@ -44,52 +45,70 @@ class GenerationResult:
 
 
 def context_window(target: CausalLM, drafter: Drafter | None) -> int:
+    """The target's window, or the drafter's when that is smaller."""
     window = target.max_context
-    return min(window, getattr(drafter, "max_context", window) or window)
+    return min(window, (drafter.max_context if drafter is not None else None) or window)
 
 
 def check_drafter(target: CausalLM, drafter: Drafter) -> None:
     """The draft must speak the target's vocabulary, or its proposals mean other tokens."""
-    vocab = getattr(drafter, "vocab_size", None)
+    vocab = drafter.vocab_size
     if vocab is not None and vocab != target.vocab_size:
         raise ValueError(f"draft vocabulary size {vocab} differs from the target's {target.vocab_size}")
-    ours, theirs = target.tokenizer, getattr(drafter, "tokenizer", None)
+    ours, theirs = target.tokenizer, drafter.tokenizer
     if ours is not None and theirs is not None and ours is not theirs and ours.get_vocab() != theirs.get_vocab():
         raise ValueError("draft tokenizer differs from the target's (different vocabularies)")
-    if observer(drafter) is not None and not getattr(target, "provides_features", False):
+    if drafter.needs_features and not target.provides_features:
         raise ValueError(f"{type(drafter).__name__} drafts from the target's hidden states, which this target "
                          f"({type(target).__name__}) does not expose; use a torch target")
+
+
+class TokenModel(Protocol):
+    """What a prompt is checked against: a vocabulary and a tokenizer (None: token ids only), as
+    every CausalLM and the llama.cpp batch (core/engine/batching.LlamaBatch) declare them."""
+
+    vocab_size: int
+    tokenizer: Any
+
+
+def check_prompt(model: TokenModel, prompt_ids: Sequence[int], config: GenerationConfig, window: int) -> list[int]:
+    """The prompt as a list of ids, or ValueError: empty, ids outside ``model``'s vocabulary, no room
+    left in ``window`` tokens, or stop strings without a tokenizer to find them with."""
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt is empty: give at least one token")
+    if min(prompt) < 0 or max(prompt) >= model.vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {model.vocab_size})")
+    if len(prompt) >= window:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens but the context window is {window}: no room to generate"
+        )
+    if config.stop_strings and model.tokenizer is None:
+        raise ValueError("stop_strings need a tokenizer on the target model")
+    return prompt
 
 
 def check_request(
     target: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig, drafter: Drafter | None
 ) -> list[int]:
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("prompt is empty: give at least one token")
-    if min(prompt) < 0 or max(prompt) >= target.vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {target.vocab_size})")
-    window = context_window(target, drafter)
-    if len(prompt) >= window:
-        raise ValueError(
-            f"prompt has {len(prompt)} tokens but the context window is {window}: no room to generate"
-        )
+    """:func:`check_prompt` within the target's (and the drafter's) window, then :func:`check_drafter`."""
+    prompt = check_prompt(target, prompt_ids, config, context_window(target, drafter))
     if drafter is not None:
         check_drafter(target, drafter)
-    if config.stop_strings and target.tokenizer is None:
-        raise ValueError("stop_strings need a tokenizer on the target model")
     return prompt
 
 
-def eos_ids(model, config: GenerationConfig | None = None) -> tuple[int, ...]:
+def eos_ids(model: Any, config: GenerationConfig | None = None) -> tuple[int, ...]:
     """The token ids that end a generation: ``config.eos_token_ids`` when set, else the EOS of
-    ``model``'s tokenizer, else of its model config (one id or a list); () when none names one.
-    ``model``: a target, a drafter or a batch (a ``tokenizer``, perhaps a ``config``)."""
+    ``model``'s tokenizer, else (a torch model) of its Hugging Face config (one id or a list); ()
+    when none names one. ``model``: anything with a ``tokenizer`` (None: token ids only), as a
+    CausalLM, a Drafter and a LlamaBatch declare it."""
     if config is not None and config.eos_token_ids is not None:
         return tuple(config.eos_token_ids)
-    eos = getattr(getattr(model, "tokenizer", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    tokenizer = model.tokenizer
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    if eos is None and isinstance(model, TorchCausalLM):
+        eos = getattr(model.config, "eos_token_id", None)  # a transformers config: not every one names it
     if eos is None:
         return ()
     return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
@@ -124,7 +143,7 @@ def prefill(target: CausalLM, cache: KVCache, prompt: list[int], observe: Observ
         if observe is None:
             target.forward(ids, positions, None, cache, logits_rows=None)
         else:
-            _, hidden = target.forward(ids, positions, None, cache, logits_rows=None, return_hidden=True)
+            _, hidden = target.forward_features(ids, positions, None, cache, logits_rows=None)
             observe(0, hidden)
 
 
@@ -153,10 +172,12 @@ def verify_step(
     prefix_len = cache.length
     mask = tree.attention_mask(prefix_len) if len(tree) else None
     ids, positions = torch.tensor(tree.tokens), tree.position_ids(prefix_len)
+    hidden: torch.Tensor | None = None
     if observe is None:
         logits = target.forward(ids, positions, mask, cache)  # [N+1, V]
     else:
-        logits, hidden = target.forward(ids, positions, mask, cache, return_hidden=True)
+        logits, hidden = target.forward_features(ids, positions, mask, cache)
+    assert logits is not None  # every row's logits asked for
     if allowed is not None:
         logits = constrain(logits, tree_allowed(tree, allowed))
     result = verify(tree, logits, sampler)
@@ -164,7 +185,7 @@ def verify_step(
     rows = logits.reshape(-1, logits.shape[-1])[kept].float()
     result.probs = rows.softmax(-1).gather(-1, torch.tensor(result.new_tokens)[:, None])[:, 0].tolist()
     cache.keep(list(range(prefix_len)) + [prefix_len + node for node in kept])
-    if observe is not None:
+    if observe is not None and hidden is not None:
         observe(prefix_len, hidden[kept])
     return result
 
@@ -177,10 +198,10 @@ def tree_allowed(tree: TokenTree, allowed: Callable[[list[int]], torch.Tensor]) 
 
 def observer(drafter: Drafter | None) -> Observer | None:
     """The drafter's ``observe(start, features)`` if it drafts from the target's features (EAGLE
-    style heads): features [T, E] of context tokens start..start+T-1, after prefill and after
-    every verification. Such drafters cannot pre-draft during verification (the features of
-    the guessed path do not exist yet)."""
-    return getattr(drafter, "observe", None)
+    style heads, ``needs_features``): features [T, E] of context tokens start..start+T-1, after
+    prefill and after every verification. Such drafters cannot pre-draft during verification (the
+    features of the guessed path do not exist yet)."""
+    return drafter.observe if drafter is not None and drafter.needs_features else None
 
 
 def update_alpha(alpha: float, tree: TokenTree, result: Verification) -> float:
@@ -262,7 +283,7 @@ def generate(
     drafter: Drafter | None = None,
     stats: GenerationStats | None = None,
     grammar: TokenGrammar | None = None,
-) -> Iterator[int]:
+) -> Generator[int, None, None]:
     """Validate the request, then stream the generated token ids.
 
     ``drafter`` defaults to prompt lookup for the speculative modes. ``stats`` (if
@@ -297,7 +318,7 @@ def generate_all(
 def _stream(
     target: CausalLM, prompt: list[int], config: GenerationConfig, drafter: Drafter | None, stats: GenerationStats,
     grammar: TokenGrammar | None = None,
-) -> Iterator[int]:
+) -> Generator[int, None, None]:
     start = time.perf_counter()
     stats.mode, stats.prompt_tokens = config.mode, len(prompt)
     target_sampler = Sampler(config.temperature, config.top_k, config.top_p, make_generator(config.seed))
@@ -313,7 +334,8 @@ def _stream(
     overlap = (config.mode == "llmcad" and config.overlap_drafting and drafter is not None and observe is None
                and grammar is None)
     pool = draft_worker() if overlap else None
-    context, generated, alpha = list(prompt), [], config.alpha
+    context, alpha = list(prompt), config.alpha
+    generated: list[int] = []
     ahead: tuple[list[int], TokenTree] | None = None  # the tree pre-drafted during the last verification
     future: Future | None = None
     try:
@@ -333,7 +355,7 @@ def _stream(
                 tree = draft_step(drafter, context, spec, draft_sampler)
             t1 = time.perf_counter()
             future = None
-            if pool is not None and len(tree):
+            if pool is not None and drafter is not None and spec is not None and len(tree):
                 future = pool.submit(predraft, drafter, context, tree, spec, draft_sampler)
             with torch.inference_mode():
                 result = verify_step(target, cache, tree, target_sampler, observe, allowed)

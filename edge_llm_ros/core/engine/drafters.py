@@ -10,6 +10,12 @@ Contract (two methods, like transformers' CandidateGenerator):
 * ``update(tree, verification)`` learns from what the target accepted
   (adaptive drafters; a no-op for the ones here).
 
+Drafters subclass :class:`Drafter`, which declares the rest with defaults (read as plain
+attributes, never probed): ``vocab_size`` and ``tokenizer`` (None: no vocabulary of its own, any
+target's will do), ``max_context`` (None: no window of its own), and ``needs_features``: the
+drafter drafts from the target's hidden states, which the engine hands to its ``observe`` after
+prefill and after every verification (EAGLE-style heads; the target must provide them).
+
 A drafter owns its state (e.g. its KV cache) and re-synchronises it from
 ``context`` on every ``propose``, so callers never roll it back explicitly.
 Drafters here: :class:`ModelDrafter` (an independent small causal LM with the
@@ -29,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .constraint import constrain
-from .models import CausalLM, TorchCausalLM
+from .models import CausalLM, TorchCausalLM, drives_layers
 from .sampling import Sampler
 from .tree import TokenTree, Verification
 
@@ -87,15 +93,43 @@ def draft_children(logits: torch.Tensor, spec: TreeSpec, sampler: Sampler):
 
 @runtime_checkable
 class Drafter(Protocol):
-    vocab_size: int | None
-    tokenizer: Any
+    """What proposes drafts (see the module docstring): two methods, and capabilities with defaults."""
+
+    vocab_size: int | None = None
+    tokenizer: Any = None
+    max_context: int | None = None
+    needs_features: bool = False
 
     def propose(self, context: list[int], spec: TreeSpec, sampler: Sampler) -> TokenTree: ...
 
     def update(self, tree: TokenTree, verification: Verification) -> None: ...
 
+    def observe(self, start: int, hidden: torch.Tensor) -> None:
+        """The target's features [T, E] of context tokens start..start+T-1; called only on a drafter
+        that ``needs_features`` (nothing to do here)."""
+        return None
 
-class ModelDrafter:
+
+class WrappedDrafter(Drafter):
+    """A drafter around another one (to count or time its drafts): the inner drafter's
+    capabilities, ``update`` and ``observe``; subclasses wrap ``propose``."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.vocab_size, self.tokenizer = drafter.vocab_size, drafter.tokenizer
+        self.max_context, self.needs_features = drafter.max_context, drafter.needs_features
+
+    def propose(self, context: list[int], spec: TreeSpec, sampler: Sampler) -> TokenTree:
+        return self.drafter.propose(context, spec, sampler)
+
+    def update(self, tree: TokenTree, verification: Verification) -> None:
+        self.drafter.update(tree, verification)
+
+    def observe(self, start: int, hidden: torch.Tensor) -> None:
+        self.drafter.observe(start, hidden)
+
+
+class ModelDrafter(Drafter):
     """Drafts with a small causal LM by tree decoding (LLMCad §3.2 / EAGLE-2 dynamic trees).
 
     Each level expands the ``spec.expand`` most confident frontier nodes in one
@@ -105,16 +139,22 @@ class ModelDrafter:
     head to a subset of the vocabulary (cheaper head; still exact, since q is
     then zero outside the subset and the verifier uses q as it is). ``adapter``
     maps the last layer's hidden states [B, T, E] before the final norm and head
-    (an early-exit adapter, see :mod:`.exits`); it must be stateless per position.
+    (an early-exit adapter, see :mod:`.exits`); it must be stateless per position. Both need a
+    model whose layers the engine runs (``exposes_layers``); any other CausalLM (llama.cpp) drafts
+    through its ``forward``.
     """
 
     def __init__(
         self,
-        model: TorchCausalLM | CausalLM,
+        model: CausalLM,
         vocab_ids: torch.Tensor | None = None,
         adapter: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        self.model = model
+        layered = model if drives_layers(model) else None
+        if layered is None and (vocab_ids is not None or adapter is not None):
+            raise ValueError(f"a vocabulary subset or an exit adapter needs a model whose layers the engine runs "
+                             f"(a torch model), not {type(model).__name__}")
+        self.model: CausalLM = model
         self.adapter = adapter
         self.vocab_size = model.vocab_size
         self.tokenizer = model.tokenizer
@@ -123,32 +163,43 @@ class ModelDrafter:
         self.cached: list[int] = []  # tokens in cache slots [0, len)
         self._tree: TokenTree | None = None  # last tree, whose fed nodes sit after the cached slots
         self._slots: dict[int, int] = {}  # node -> cache slot of the last tree's fed nodes
-        self.vocab_ids = None
-        if vocab_ids is not None:
+        self.vocab_ids: torch.Tensor | None = None
+        if layered is not None and vocab_ids is not None:
             self.vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
-            self.model = model.with_vocabulary(self.vocab_ids)
+            layered = layered.with_vocabulary(self.vocab_ids)
+            self.model = layered
+        self.layered = layered  # the model again, when the engine runs its layers itself; else None
 
     # -- steps ----------------------------------------------------------------------------------
 
     def _logits(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Run the draft over new rows; logits [T, V] (-inf outside ``vocab_ids``)."""
-        if not hasattr(self.model, "run_layers"):  # a backend that gives logits only (llama.cpp)
-            return self.model.forward(torch.tensor(token_ids), positions, mask, self.cache)
+        if self.layered is None:  # a backend that gives logits only (llama.cpp)
+            logits = self.model.forward(torch.tensor(token_ids), positions, mask, self.cache)
+            assert logits is not None  # every row's logits asked for
+            return logits
         with torch.inference_mode():
-            hidden = self._rows(self.model.embed(torch.tensor(token_ids), positions), positions, mask)[None]
+            hidden = self._rows(self.layered.embed(torch.tensor(token_ids), positions), positions, mask)[None]
             if self.adapter is not None:
                 hidden = self.adapter(hidden)
             return self._head(hidden)
 
+    def _driven(self) -> TorchCausalLM:
+        """The model whose layers this drafter runs itself; RuntimeError if it has none."""
+        if self.layered is None:
+            raise RuntimeError(f"{type(self).__name__} runs a model's layers, and {type(self.model).__name__} "
+                               "does not expose them")
+        return self.layered
+
     def _rows(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Run the draft's layers over row inputs [T, E] into its cache; their outputs [T, E]."""
         with torch.inference_mode():
-            hidden, _ = self.model.run_layers(inputs[None], positions, mask, self.cache)
+            hidden, _ = self._driven().run_layers(inputs[None], positions, mask, self.cache)
         return hidden[0]
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + head over [1, T, E] -> logits [T, V] (-inf outside ``vocab_ids``)."""
-        return self.model.head(hidden)[0]
+        return self._driven().head(hidden)[0]
 
     def _reuse_last_tree(self, context: list[int]) -> None:
         """Keep the last tree's fed nodes that ``context`` went on to accept; drop the rest."""
@@ -227,16 +278,14 @@ class ModelDrafter:
         """Nothing to learn; the cache follows the accepted path on the next ``propose``."""
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Prompt-lookup decoding: continue the text after the latest earlier match of its last n-gram.
 
     Training-free and model-free. Up to ``spec.branch`` distinct continuations
     (most recent match first, longest n-gram first) form the tree's branches.
-    Proposals are deterministic, so the verifier treats each as one-hot.
+    Proposals are deterministic, so the verifier treats each as one-hot. No vocabulary, tokenizer
+    or window of its own (the :class:`Drafter` defaults).
     """
-
-    vocab_size = None
-    tokenizer = None
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

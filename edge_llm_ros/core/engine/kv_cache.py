@@ -10,14 +10,33 @@ that. After tree verification the accepted path is compacted with
 Slots are storage order, not positions: after ``keep`` the slots are dense
 while the rotary positions baked into the keys are whatever they were when
 written (prefix_len + depth for tree nodes), which is what the model needs.
-Knows nothing about ROS.
+:class:`Cache` is what the engine asks of any model's cache (the llama.cpp backend's
+:class:`~.llama_backend.LlamaCache` is one too). Knows nothing about ROS.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
+
+
+class Cache(Protocol):
+    """What the decoding engine and the drafters do with a model's cache: slots ``[0, length)``
+    (structural: :class:`KVCache` and LlamaCache match it without naming it)."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    def ensure_capacity(self, needed: int) -> None: ...
+
+    def keep(self, indices: Sequence[int] | torch.Tensor) -> None: ...
+
+    def truncate(self, length: int) -> None: ...
 
 
 class KVCache:

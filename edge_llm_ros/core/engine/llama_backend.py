@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .models import _model_path, load_tokenizer
+from .models import CausalLM, _model_path, load_tokenizer
 
 DEFAULT_CONTEXT = 2048
 # Flash attention off: with it (llama.cpp's default "auto" turns it on for CPU), a row decoded after
@@ -59,10 +59,23 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-class LlamaCppLM:
-    """A GGUF model on llama.cpp behind the CausalLM protocol (token ids in, logits out)."""
+class LlamaHandles:
+    """llama.cpp handles of a model (``_model``), its context (``_ctx``) and batch (``_batch``),
+    None until made and again once freed (:func:`free_handles`); ``_lc``: the llama_cpp module."""
+
+    _lc: Any
+    _model: Any = None
+    _ctx: Any = None
+    _batch: Any = None
+
+
+class LlamaCppLM(LlamaHandles, CausalLM["LlamaCache"]):
+    """A GGUF model on llama.cpp behind the CausalLM protocol (token ids in, logits out): no
+    hidden states, and one live cache (its context's memory)."""
 
     provides_features = False
+    live_caches = 1
+    path: Path
 
     def __init__(
         self,
@@ -210,16 +223,16 @@ def new_context(lc, model, n_ctx: int, threads: int, *, sequences: int = 1, n_ba
     return lc.llama_init_from_model(model, cparams)
 
 
-def free_handles(owner) -> None:
+def free_handles(owner: LlamaHandles) -> None:
     """Free ``owner``'s llama.cpp batch, context and model (``_batch``, ``_ctx``, ``_model``), once."""
     lc = owner._lc
-    if getattr(owner, "_batch", None) is not None:
+    if owner._batch is not None:
         lc.llama_batch_free(owner._batch)
         owner._batch = None
-    if getattr(owner, "_ctx", None):
+    if owner._ctx:
         lc.llama_free(owner._ctx)
         owner._ctx = None
-    if getattr(owner, "_model", None):
+    if owner._model:
         lc.llama_model_free(owner._model)
         owner._model = None
 
@@ -359,7 +372,7 @@ class LlamaCache:
             stack += children.get(slot, [])
         return chains
 
-    def _hold(self, path: list[int], want: set[int] = frozenset()) -> dict[int, np.ndarray]:
+    def _hold(self, path: list[int], want: Set[int] = frozenset()) -> dict[int, np.ndarray]:
         """Make llama.cpp hold the pending root path ``path`` (decoding what it lacks, after cutting
         back to where it departs from what is held); logits of the decoded slots in ``want``."""
         common = 0

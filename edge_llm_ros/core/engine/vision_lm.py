@@ -55,7 +55,7 @@ class MRopeLM(TorchCausalLM):
     image: ImagePlacement | None = None
 
     @staticmethod
-    def decoder_of(hf_model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    def decoder_of(hf_model: Any) -> tuple[Any, Any]:
         return hf_model.model.language_model, hf_model.config.get_text_config()
 
     @property
@@ -177,6 +177,7 @@ def save_tiny_vlm(folder: str | os.PathLike, model_type: str = "qwen2_vl", *, hi
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=None,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": _mrope_section(hidden // heads)})
+    vision: dict[str, Any]
     if model_type == "qwen2_vl":
         vision = dict(depth=1, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2)
     else:

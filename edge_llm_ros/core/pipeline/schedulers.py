@@ -84,9 +84,11 @@ class Actions:
 
 
 class Scheduler:
-    """The common part: pipelined prefill, committing tokens, steps, prunes and turns."""
+    """The common part: pipelined prefill, committing tokens, steps, prunes and turns. ``drafter``:
+    what drafts for the request (None: a mode without drafts)."""
 
     mode = ""
+    drafter: Drafter | None = None
 
     def __init__(self, request_id: str, prompt: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
                  prefill_chunks: Sequence[int] = (), fork_from: str = "", cached: int = 0, task: str = "",
@@ -285,6 +287,7 @@ class ChunkPP(Scheduler):
     answer is a pipeline turn."""
 
     mode = "chunk_pp"
+    drafter: Drafter
 
     def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, spec: TreeSpec, chunk: int = 0,
                  **kwargs) -> None:
@@ -374,6 +377,7 @@ class FlowSpec(Scheduler):
     the order sent: row 0 is the round's root (committed, not yet in the stages' caches)."""
 
     mode = "flowspec"
+    drafter: Drafter
 
     def __init__(self, request_id: str, prompt: Sequence[int], drafter: Drafter, shape: FlowSpecShape = FlowSpecShape(),
                  **kwargs) -> None:

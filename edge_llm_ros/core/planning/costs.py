@@ -10,6 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..engine.drafters import Drafter, TreeSpec, WrappedDrafter
+from ..engine.sampling import Sampler
+from ..engine.tree import TokenTree
+
 
 @dataclass(frozen=True)
 class Link:
@@ -56,21 +60,19 @@ class CostModel:
 # -- D0's drafts ---------------------------------------------------------------------------------------
 
 
-class CountingDrafter:
+class CountingDrafter(WrappedDrafter):
     """A drafter wrapper that counts drafts and draft forwards (tree levels) since the last :meth:`take`.
     A ModelDrafter runs ``spec.depth`` forwards (one per level) unless ``stop_below`` ends it early."""
 
-    def __init__(self, drafter) -> None:
-        self.drafter, self.calls, self.forwards = drafter, 0, 0
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__(drafter)
+        self.calls, self.forwards = 0, 0
 
-    def propose(self, context, spec, sampler):
+    def propose(self, context: list[int], spec: TreeSpec, sampler: Sampler) -> TokenTree:
         tree = self.drafter.propose(context, spec, sampler)
         self.calls += 1
         self.forwards += max(tree.depth, 1) if spec.stop_below else max(spec.depth, 1)
         return tree
-
-    def update(self, tree, verification) -> None:
-        self.drafter.update(tree, verification)
 
     def take(self) -> tuple[int, int]:
         """(drafts, forwards) since the last take."""
@@ -186,29 +188,23 @@ class RowScale:
         return ", ".join(f"{f:.2f}x at {n}" for n, f in zip(self.rows, self.factors)) + " rows"
 
 
-class TimedDrafter:
+class TimedDrafter(WrappedDrafter):
     """A drafter wrapper that logs (drafts, forwards, seconds) of every draft, one entry each, for
     :meth:`DraftCost.fit`. ``clock``: what a second is; draft_node passes ``time.thread_time``, the CPU
     its one torch thread spent, so that the core D0 shares with a stage is not counted in (the
-    simulator adds that wait itself)."""
+    simulator adds that wait itself). Vocabulary, tokenizer (so its EOS tokens), window and
+    features are the wrapped drafter's."""
 
-    def __init__(self, drafter, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.drafter, self.clock, self.log = drafter, clock, []
+    def __init__(self, drafter: Drafter, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(drafter)
+        self.clock = clock
+        self.log: list[tuple[int, int, float]] = []
 
-    def __getattr__(self, name: str):
-        """Everything else is the wrapped drafter's (its model, its EOS tokens)."""
-        if name == "drafter":
-            raise AttributeError(name)
-        return getattr(self.drafter, name)
-
-    def propose(self, context, spec, sampler):
+    def propose(self, context: list[int], spec: TreeSpec, sampler: Sampler) -> TokenTree:
         start = self.clock()
         tree = self.drafter.propose(context, spec, sampler)
         self.log.append((1, max(spec.depth, 1), self.clock() - start))
         return tree
-
-    def update(self, tree, verification) -> None:
-        self.drafter.update(tree, verification)
 
     def totals(self) -> tuple[int, int, float]:
         """(drafts, forwards, seconds) over the log."""

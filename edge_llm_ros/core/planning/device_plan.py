@@ -5,7 +5,13 @@ the schema lives in this module only. The file is ``$EDGE_LLM_ROS_PLAN`` if set,
 ``~/.config/edge_llm_ros/plan.json`` (``$XDG_CONFIG_HOME`` honoured). What readers use:
 
     format         "edge_llm_ros.plan/1"
-    model          the target file the plan was measured for (a plan for another file is ignored)
+    model          the target file the plan was measured for, as given (for people, and the key of
+                   a plan without model_id)
+    model_id       the target's identity: {name, size, sha256} (core/planning/identity.py); a plan
+                   is used for a model of the same size and content wherever it lies (optional:
+                   absent in plans written before it was kept, and for a model that is no file)
+    machine        where it was measured: {cpu, cpu_count, arch, ...}; a plan is used only on a
+                   machine with the same cpu, cpu_count and arch (those the record has)
     threads        the thread count it was measured with
     draft_backend  where to draft ("torch" | "llama.cpp"): the chosen candidate's draft, else
                    (``ar``) the draft cheapest per token, for drafting elsewhere (edge-cloud)
@@ -27,6 +33,7 @@ from pathlib import Path
 
 from ..engine.config import MODES, GenerationConfig, preset
 from ..engine.drafters import TreeSpec
+from .identity import describe, machine_differences, model_identity, same_content
 
 PLAN_ENV = "EDGE_LLM_ROS_PLAN"
 FORMAT = "edge_llm_ros.plan/1"
@@ -39,7 +46,7 @@ class PlanError(ValueError):
 
 
 class PlanWarning(UserWarning):
-    """A plan was skipped (measured for another model file)."""
+    """A plan was skipped (measured for another model, or on another machine)."""
 
 
 def default_plan_path() -> Path:
@@ -69,9 +76,11 @@ class DevicePlan:
     tree: TreeSpec | None  # tree modes: the verified tree's shape
     draft_backend: str  # "torch" | "llama.cpp": where to draft
     predicted_tok_s: float
-    model: str  # the target file it was measured for
+    model: str  # the target file it was measured for, as given
     threads: int
     path: Path | None = None  # the file it was read from
+    model_id: dict | None = None  # {name, size, sha256} of the target (identity.model_identity)
+    machine: dict | None = None  # where it was measured (identity.this_machine)
 
     def overrides(self) -> dict:
         """The plan's shape as GenerationConfig fields (``gamma`` or ``tree_*``)."""
@@ -110,9 +119,14 @@ def candidate(backend: str, mode: str, tokens_per_s: float, gamma: int = 0, tree
 
 
 def plan_record(choice: dict, *, model: str | os.PathLike, threads: int, draft_backend: str, **measurements) -> dict:
-    """The JSON object of a plan: the fields readers use, then the measurements kept beside them."""
+    """The JSON object of a plan: the fields readers use, then the measurements kept beside them.
+    ``model_id`` is the identity of ``model`` where that is a file or folder (a name has none);
+    ``machine`` (identity.this_machine) is kept when given."""
     record = {"format": FORMAT, "model": str(model), "threads": threads, "draft_backend": draft_backend,
               "choice": choice}
+    identity = model_identity(model) if str(model) else None
+    if identity is not None:
+        record["model_id"] = identity
     record.update({k: v for k, v in measurements.items() if k not in record})
     parse_plan(record)  # what is written can be read back
     return record
@@ -172,6 +186,14 @@ def parse_plan(record, path: Path | None = None) -> DevicePlan:
     threads = _field(record, "threads", int, where)
     if threads < 1:
         raise PlanError(f"{where}: threads must be >= 1, got {threads}")
+    model_id = record.get("model_id")
+    if model_id is not None and not (isinstance(model_id, dict) and isinstance(model_id.get("name"), str)
+                                     and isinstance(model_id.get("size"), int)
+                                     and isinstance(model_id.get("sha256"), str)):
+        raise PlanError(f"{where}: model_id {model_id!r} needs a name, a size and a sha256")
+    machine = record.get("machine")
+    if machine is not None and not isinstance(machine, dict):
+        raise PlanError(f"{where}: machine {machine!r} is not an object")
     return DevicePlan(
         backend=backend,
         mode=mode,
@@ -182,11 +204,41 @@ def parse_plan(record, path: Path | None = None) -> DevicePlan:
         model=_field(record, "model", str, where),
         threads=threads,
         path=path,
+        model_id=model_id,
+        machine=machine,
     )
 
 
 def same_model(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """The same path (or name)."""
     return str(a) == str(b) or Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def refusal(plan: DevicePlan, model: str | os.PathLike | None) -> str:
+    """'' when ``plan`` holds for ``model`` (None: any) on this machine, else why it does not.
+
+    The machine first (cpu, core count, architecture). Then the model's identity: the same size and
+    content hash wherever the file lies. A plan without one (written before it was kept), or a model
+    that is no file, is matched by path or name, or by the content of the file the plan names if
+    that file is still there."""
+    where = f"plan {plan.path}" if plan.path is not None else "the plan"
+    differences = machine_differences(plan.machine or {})
+    if differences:
+        return f"{where} was measured on another machine ({'; '.join(differences)})"
+    if model is None:
+        return ""
+    here = model_identity(model)
+    if plan.model_id is not None and here is not None:
+        if same_content(plan.model_id, here):
+            return ""
+        return f"{where} was measured for another model: {describe(plan.model_id)}, not {model} ({describe(here)})"
+    if same_model(plan.model, model):
+        return ""
+    if plan.model_id is None and here is not None and same_content(model_identity(plan.model), here):
+        return ""  # a plan from before model_id, for a file with the same content as this one
+    old = (" (a plan written before model identities were kept names its model by path; edge-llm-ros plan "
+           "--device measures a new one)") if plan.model_id is None else ""
+    return f"{where} was measured for {plan.model}, not {model}{old}"
 
 
 def load_plan(
@@ -194,12 +246,12 @@ def load_plan(
     model: str | os.PathLike | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> DevicePlan | None:
-    """The saved plan at ``path`` (default :func:`default_plan_path`), if it applies to ``model``.
+    """The saved plan at ``path`` (default :func:`default_plan_path`), if it holds for ``model`` here.
 
     None when there is no file. A file that cannot be read as a plan raises :class:`PlanError`
-    naming it. A plan measured for another target file than ``model`` (None: not checked) is
-    skipped: None, after ``warn(reason)`` (a logger's method; default ``warnings.warn`` with
-    :class:`PlanWarning`).
+    naming it. A plan measured on another machine, or for another model than ``model`` (None: the
+    model is not checked; :func:`refusal` says how models are matched), is skipped: None, after
+    ``warn(reason)`` (a logger's method; default ``warnings.warn`` with :class:`PlanWarning`).
     """
     path = Path(path).expanduser() if path is not None else default_plan_path()
     if not path.exists():
@@ -211,8 +263,8 @@ def load_plan(
     except ValueError as exc:
         raise PlanError(f"plan {path}: not JSON: {exc}") from exc
     plan = parse_plan(record, path)
-    if model is not None and not same_model(plan.model, model):
-        reason = f"plan {path} was measured for {plan.model}, not {model}"
+    reason = refusal(plan, model)
+    if reason:
         if warn is None:
             warnings.warn(reason, PlanWarning, stacklevel=2)
         else:

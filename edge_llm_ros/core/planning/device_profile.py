@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +41,12 @@ import torch
 
 from ..engine.config import PRESETS, mean_tau, preset
 from ..engine.decoding import draft_step, generate_all
-from ..engine.drafters import TreeSpec
-from ..engine.models import chat_prompt, default_model_path, load_model
+from ..engine.drafters import ModelDrafter, TreeSpec
+from ..engine.models import CausalLM, TorchCausalLM, chat_prompt, default_model_path, load_model
 from ..engine.sampling import Sampler
 from ..engine.timing import median_ms
 from .device_plan import plan_record
+from .identity import cpu_name, this_machine
 from .planner import DraftMeasure, TreeMeasure, choose
 
 PREFIX = 240
@@ -90,7 +90,7 @@ class DraftSubject:
     """A drafter to measure, and where it runs."""
 
     backend: str
-    drafter: object
+    drafter: ModelDrafter
     description: str
 
 
@@ -99,8 +99,8 @@ class Subjects:
     """The models measured: the torch target (τ runs on it), the target per backend, the drafts."""
 
     model: Path  # the target file (the plan is saved for it)
-    target: object
-    backends: dict[str, object]
+    target: TorchCausalLM
+    backends: dict[str, CausalLM]
     drafts: list[DraftSubject]
     threads: int
     skipped: list[str] = field(default_factory=list)  # what could not be loaded, and why
@@ -108,7 +108,7 @@ class Subjects:
     def close(self) -> None:
         """Free the llama.cpp contexts (the torch models go with the last reference)."""
         for lm in [*self.backends.values(), *(d.drafter.model for d in self.drafts)]:
-            if lm is not self.target and hasattr(lm, "close"):
+            if lm is not self.target:
                 lm.close()
 
 
@@ -324,7 +324,7 @@ def device_record(subjects: Subjects, cal: Calibration, costs: dict, tree_costs:
         threads=subjects.threads,
         draft_backend=choice["draft_backend"] or cheapest,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        machine={"cpu_count": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_name()},
+        machine=this_machine(),
         calibration={"name": cal.name, "seconds": round(seconds, 1)},
         row_costs_ms={b: {str(n): c for n, c in cost.items()} for b, cost in costs.items()},
         tree_costs_ms={b: {str(w): c for w, c in cost.items()} for b, cost in tree_costs.items()},
@@ -332,17 +332,6 @@ def device_record(subjects: Subjects, cal: Calibration, costs: dict, tree_costs:
         candidates=scored["candidates"],
         notes=notes,
     )
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- one measuring request (planner_node's `profile` service) ---------------------------------------

@@ -23,6 +23,7 @@ by how much. Knows nothing about ROS.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -439,3 +440,25 @@ def check_memory(ranges: Sequence[range], devices: Sequence[StageDevice], model:
             )
     if over:
         raise PartitionError("over memory budget: " + "; ".join(over))
+
+
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+
+
+def layer_ranges(text: str) -> list[range]:
+    """'0-10,11-29' -> [range(0, 11), range(11, 30)]: inclusive ranges, one per stage ('7' is 7-7;
+    '' is none). ValueError naming the parameter for anything else."""
+    if not text.strip():
+        return []
+    ranges = []
+    for part in text.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None or int(match[1]) > int(match[2] or match[1]):
+            raise ValueError(f"parameter 'layers' takes inclusive layer ranges a-b, comma-separated "
+                             f"(e.g. 0-10,11-29), got {text!r}")
+        ranges.append(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return ranges
+
+
+def range_text(layers: range) -> str:
+    return f"{layers.start}-{layers.stop - 1}"

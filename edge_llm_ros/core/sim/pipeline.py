@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from ..pipeline.schedulers import Actions, Output, Scheduler, greedy_choices
 from ..pipeline.stages import Rows, Stage
-from ..planning.costs import CostModel
+from ..planning.costs import CostModel, CountingDrafter
 
 
 @dataclass
@@ -95,8 +95,7 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
     d0_free = 0.0
     shared = costs.d0_shares
     timeline = Timeline()
-    drafter = getattr(scheduler, "drafter", None)
-    counting = drafter is not None and hasattr(drafter, "take")
+    drafter = scheduler.drafter if isinstance(scheduler.drafter, CountingDrafter) else None
 
     def push(at: float, kind: str, payload) -> None:
         heapq.heappush(events, (at, next(seq), kind, payload))
@@ -128,10 +127,10 @@ def simulate(scheduler: Scheduler, stages: Sequence[Stage], costs: CostModel, *,
         its drafter ran."""
         nonlocal d0_free
         start = max(at, d0_free, free_at[shared] if shared is not None else 0.0)
-        if counting:
+        if drafter is not None:
             drafter.take()
         actions = handle()
-        calls, forwards = drafter.take() if counting else (0, 0)
+        calls, forwards = drafter.take() if drafter is not None else (0, 0)
         seconds = calls * costs.draft_call_s + forwards * costs.draft_s
         d0_free = start + seconds
         timeline.d0_busy_s += seconds

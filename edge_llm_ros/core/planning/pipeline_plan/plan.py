@@ -5,8 +5,7 @@ Contract: :class:`PipelinePlan` (made by :func:`~.predict.plan_pipeline`) writes
 launch/stages.launch.py layered over config/stages.yaml (:meth:`~PipelinePlan.to_yaml`: every
 node's ``layers``, draft_node's ``mode``, ``segment`` and ``prefill_chunk``, the plan itself
 under the PLAN_ENTRY entry that no node reads, the table as comments) and reads it back
-(:meth:`~PipelinePlan.from_yaml`); :meth:`~PipelinePlan.message_fields` and
-:meth:`~PipelinePlan.from_message` map it onto msg/Plan. Knows nothing about ROS (a params file
+(:meth:`~PipelinePlan.from_yaml`); nodes/wire.py maps it onto msg/Plan. Knows nothing about ROS (a params file
 is YAML text here).
 """
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -207,33 +205,6 @@ class PipelinePlan:
                              f"it was made ({', '.join(f'{k}:={planned[k]}' for k in edited)}): its predictions no "
                              "longer hold; plan again")
         return plan
-
-    # -- as msg/Plan ----------------------------------------------------------------------------------
-
-    def message_fields(self, stage_nodes: Sequence[str] = ()) -> dict:
-        """msg/Plan's fields: ``segment`` (the rows verified per message, Ghidorah's verification width)
-        and ``in_flight`` as draft_node takes them; tree_width/depth/branch/expand describe FlowSpec's
-        initial tree (draft_node's, which Chunk-PP verifies too)."""
-        shape = FlowSpecShape()
-        return dict(mode=self.mode, backend="torch", draft_backend="" if self.mode == "ar" else "torch",
-                    threads=self.threads, stage_layer_begin=[s.layers.start for s in self.stages],
-                    stage_layer_end=[s.layers.stop for s in self.stages],
-                    stage_nodes=list(stage_nodes) or [f"stage_{i}" for i in range(len(self.stages))],
-                    prefill_chunks=list(self.prefill_chunks), gamma=0, tree_width=shape.init_size,
-                    tree_depth=shape.init_depth, tree_branch=shape.branch, tree_expand=shape.branch,
-                    segment=self.segment, in_flight=self.in_flight,
-                    expected_tokens_per_s=self.tokens_per_s, reason=self.reason)
-
-    @classmethod
-    def from_message(cls, msg) -> PipelinePlan:
-        """What a Plan message holds: stages named by their nodes, chunks, mode, segment, speed and
-        reason (bytes, budgets, per-stage times and the other modes are not in it)."""
-        ranges = [range(a, b) for a, b in zip(msg.stage_layer_begin, msg.stage_layer_end, strict=True)]
-        stages = tuple(StagePlan(node, r, 0, 0, 0.0) for node, r in zip(msg.stage_nodes, ranges, strict=True))
-        chunks = tuple(int(c) for c in msg.prefill_chunks)
-        return cls(stages, sum(chunks), chunks, 0.0, int(msg.segment), int(msg.in_flight),
-                   (ModePrediction(msg.mode, float(msg.expected_tokens_per_s), msg.reason),), msg.reason,
-                   int(msg.threads))
 
 
 def flow(value) -> str:
