@@ -114,13 +114,14 @@ def test_a_dead_stage_fails_its_request_naming_it_and_rejoins_when_restarted(dep
 
 @pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
 def test_a_stage_that_refuses_ends_the_goal_with_its_reason(deployment, expected):
-    """A stage that is not active refuses the rows; D0 ends the goal with that refusal at once."""
+    """A stage that is not active refuses the rows; D0 ends the goal with that refusal at once, its
+    code the stage's (INACTIVE: the client raises Inactive)."""
     launch, llm, _ = deployment
     done = cli("lifecycle", "set", "/edge_llm/stage_1", "deactivate")
     assert done.returncode == 0, done.stderr
     try:
         started = time.monotonic()
-        with pytest.raises(errors.PeerGone) as caught:
+        with pytest.raises(errors.Inactive) as caught:
             run_goal(llm, "flowspec", timeout=60)
         reason = caught.value.result.finish_reason
         assert "stage 1 (/edge_llm/stage_1): inactive: /edge_llm/stage_1 is inactive" in reason, reason
