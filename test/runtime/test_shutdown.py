@@ -145,7 +145,7 @@ def test_serve_node_stops_while_loading_its_model(host, procs, tmp_path):
     events = f"{ns}/serve_node/transition_event"
     watcher.create_subscription(host.message("lifecycle_msgs/msg/TransitionEvent"), events,
                                 lambda e: configuring.set() if e.goal_state.label == "configuring" else None, 10)
-    serve = node(host, "serve_node", ns, "backend:=torch", "mode:=sd", "autostart:=false",
+    serve = node(host, "serve_node", ns, "engine:=torch", "mode:=sd", "autostart:=false",
                  env={"EDGE_LLM_ROS_PLAN": str(tmp_path / "none.json")})
     procs.append(serve)
     serve.wait_for_line(f"runtime: {host.backend}", 60)
