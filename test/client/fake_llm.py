@@ -29,10 +29,14 @@ class FakeLLM:
         self.Header, self.Time = host.message("std_msgs/msg/Header"), host.message("builtin_interfaces/msg/Time")
         self.cancelled: list[str] = []
         self.cancel_seen = threading.Event()
-        if host.backend == "rclpy":
-            from rclpy.action import CancelResponse, GoalResponse
+        if host.backend == "rclpy":  # rclpy's own server, goals in a reentrant group (the host spins 4 threads)
+            from functools import partial
 
-            from edge_llm_ros.runtime.ros import ActionServer
+            from rclpy.action import ActionServer as RclpyServer
+            from rclpy.action import CancelResponse, GoalResponse
+            from rclpy.callback_groups import ReentrantCallbackGroup
+
+            ActionServer = partial(RclpyServer, callback_group=ReentrantCallbackGroup())
         else:
             from edge_llm_ros.runtime.actions import ActionServer, CancelResponse, GoalResponse
         self._accept, self._reject, self._cancel_ok = GoalResponse.ACCEPT, GoalResponse.REJECT, CancelResponse.ACCEPT
