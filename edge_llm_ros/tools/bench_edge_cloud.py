@@ -37,34 +37,33 @@ JSON layout: ``runs[i]`` holds the first backend's results as before (``runs[i][
 ``["sd"]``, ``["speedup"]``, ..., and ``["draft_backend"]`` naming it: torch by default); every
 further backend's are under its key (``runs[i]["llama_cpp"]``: the same keys but ``ar``, with
 speedups against the shared ``ar``); ``runs[i]["torch_over_llama_cpp"]`` has the ratios.
+
+The table, the plot and the failures read the report in tools/edge_cloud_report.py; the bench
+harness (tools/bench_harness.py) runs the scenario registered here.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from edge_llm_ros.core.drafts.loading import LLAMA_CPP, LoadError, check_draft_spec, resolve_draft_backend
 from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
-from edge_llm_ros.tools.bench import LOSSLESS_MARK, fmt_value
-from edge_llm_ros.tools.deployment import (
-    Deployment,
-    EventLog,
-    ask_profile,
-    bench_main,
-    local_router,
-    node_backend,
-    report_paths,
+from edge_llm_ros.tools.bench_harness import (
+    Scenario,
+    machine_info,
+    progress_bar,
+    register,
+    scenario_parser,
+    utc_now,
 )
-from edge_llm_ros.tools.generate import Parser
+from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile, local_router, node_backend
+from edge_llm_ros.tools.edge_cloud_report import LABEL, backend_key, backend_results, failures, format_table, plot
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS, QUICK_PROMPTS, BenchPrompt
 
@@ -77,7 +76,6 @@ MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
 WARMUP_TOKENS = 8
 START_TIMEOUT_S = 300.0  # model loading of both nodes
 GOAL_TIMEOUT_S = 600.0
-LABEL = "emulated link"
 TARGETS = {"rtt_ms": 50.0, "sd_to_ee": 1.15, "ar_to_sd": 1.5, "max_cache_miss_rate": 0.40}
 
 
@@ -208,11 +206,6 @@ def speedups(modes: dict) -> dict:
     return {name: ratio(a, b) for name, (a, b) in pairs.items()}
 
 
-def backend_key(backend: str) -> str:
-    """A draft backend's key in a run: ``llama.cpp`` -> ``llama_cpp``."""
-    return backend.replace(".", "_")
-
-
 def run_goals(client: Client, deployment: Deployment, prompts: list[BenchPrompt], modes: list[str],
               max_new_tokens: int, progress) -> dict[str, list[Goal]]:
     """Every prompt in every mode on one deployment, after an untimed warm-up per mode."""
@@ -269,8 +262,6 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
                  max_new_tokens: int, gamma: int, draft: str, log_path: Path | None, progress: bool,
                  launch_args: list[str] = (), backends: list[str] = ("torch",), pin: bool = False,
                  simulate: bool = False) -> dict:
-    from tqdm import tqdm
-
     with local_router("edge-cloud-router") as endpoint:  # this process's session and the nodes meet here
         log = EventLog(log_path)
         cores = node_cores(pin)
@@ -284,8 +275,7 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
         runs, client, server_s = [], Client(), None
         started = time.perf_counter()
         try:
-            with tqdm(total=goals_total, desc="edge-cloud", unit="goal", file=sys.stderr, disable=not progress,
-                      dynamic_ncols=True) as bar:
+            with progress_bar(goals_total, "edge-cloud", "goal", progress) as bar:
                 for rtt, bw in settings:
                     run: dict = {"rtt_ms": rtt, "bandwidth_mbps": bw, "draft_backend": backends[0]}
                     reference = None
@@ -331,8 +321,8 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
     return {
         "scenario": "edge-cloud",
         "label": LABEL,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "date": utc_now(),
+        "machine": machine_info(),
         "deployment": {"launch": "edge_cloud", "processes": ["verifier_node", "draft_node"], "torch_threads": 1,
                        "llama_cpp_threads_per_drafter": 1, "draft": draft or "shipped", "exits": "shipped",
                        "gamma": gamma, "draft_backends": backends, "cores": cores,
@@ -360,105 +350,6 @@ def run_scenario(rtts: list[float], bandwidths: list[float], prompts: list[Bench
             "(> 1: llama.cpp faster) of it and of each mode's ms_per_token",
         ],
     }
-
-
-def backend_results(run: dict, backends: list[str]) -> list[dict]:
-    """A run's results per draft backend, in ``backends`` order (the first is the run itself)."""
-    return [run, *(run[backend_key(b)] for b in backends[1:])]
-
-
-# -- output -------------------------------------------------------------------------------------------
-
-
-def format_table(report: dict) -> str:
-    modes = report["modes"]
-    backends = report.get("draft_backends") or [report["runs"][0].get("draft_backend", "torch")]
-    cores = report["deployment"].get("cores")
-    pinned = (f"on cores {cores['verifier_node']} and {cores['draft_node']}" if cores else "sharing every core")
-    lines = [f"edge-cloud ({report['label']}): verifier_node + draft_node, 1 thread each, {pinned}, gamma "
-             f"{report['deployment']['gamma']}, {len(report['prompts'])} prompts x {report['max_new_tokens']} tokens, "
-             f"draft on {', '.join(backends)}"]
-    head = f"{'RTT ms':>7}{'Mbit/s':>8}  {'draft':<10}" + "".join(f"{m + ' ms/tok':>13}" for m in modes)
-    head += f"{'AR>SD':>7}{'SD>FSD':>8}{'SD>EE':>7}{'AR>EE':>7}{'tau':>6}{'miss':>6}{'exit':>6}{'B-model':>8}  lossless"
-    lines.append(head)
-    for run in report["runs"]:
-        for backend, result in zip(backends, backend_results(run, backends)):
-            s, b = result["speedup"], result["appendix_b"] or {}
-            ee = result.get("ee") or result.get("fsd") or {}
-            row = f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}  {backend:<10}"
-            row += "".join(f"{fmt_value((result.get(m) or run.get(m) or {}).get('ms_per_token'), '.1f'):>13}"
-                           for m in modes)  # ar: the first backend's, shared
-            row += (f"{fmt_value(s['ar_to_sd'], '.2f'):>7}{fmt_value(s['sd_to_fsd'], '.2f'):>8}"
-                    f"{fmt_value(s['sd_to_ee'], '.2f'):>7}{fmt_value(s['ar_to_ee'], '.2f'):>7}"
-                    f"{fmt_value(ee.get('tau'), '.2f'):>6}{fmt_value(ee.get('cache_miss_rate'), '.2f'):>6}"
-                    f"{fmt_value(ee.get('avg_exit'), '.1f'):>6}{fmt_value(b.get('projected_sd_to_fsd'), '.2f'):>8}"
-                    f"  {LOSSLESS_MARK[result['lossless']]}")
-            lines.append(row)
-    lines.append("")
-    lines.append("time per round (ms): draft on the critical path / verify on the server / link and queues")
-    for run in report["runs"]:
-        for backend, result in zip(backends, backend_results(run, backends)):
-            parts = [f"{m} {fmt_value(result[m]['draft_ms_per_round'], '.0f')}/"
-                     f"{fmt_value(result[m]['verify_ms_per_round'], '.0f')}/"
-                     f"{fmt_value(result[m]['link_ms_per_round'], '.0f')}" for m in modes if m in result]
-            where = f"RTT {run['rtt_ms']:g} ms, {run['bandwidth_mbps']:g} Mbit/s, {backend}"
-            lines.append(f"  {where}: " + "   ".join(parts))
-    lines.append("B-model: EE Appendix B, (gamma c + 1) / (r gamma c + 1) with c and r measured in that row "
-                 "(compare with SD>FSD)")
-    compared = [run for run in report["runs"] if run.get("torch_over_llama_cpp")]
-    if compared:
-        drafting = [m for m in modes if m != "ar"]
-        lines.append("")
-        lines.append("torch vs llama.cpp drafts: draft ms per drafted token (in sd) on each and torch / llama.cpp, "
-                     "then torch / llama.cpp of each mode's ms per token (> 1: llama.cpp faster)")
-        lines.append(f"{'RTT ms':>7}{'Mbit/s':>8}{'torch':>8}{'llama.cpp':>11}{'ratio':>7}"
-                     + "".join(f"{m + ' ratio':>13}" for m in drafting))
-        for run in compared:
-            results = dict(zip(backends, backend_results(run, backends)))
-            ratio = run["torch_over_llama_cpp"]
-            lines.append(f"{run['rtt_ms']:>7g}{run['bandwidth_mbps']:>8g}"
-                         f"{fmt_value(results['torch']['draft_ms_per_token'], '.2f'):>8}"
-                         f"{fmt_value(results[LLAMA_CPP]['draft_ms_per_token'], '.2f'):>11}"
-                         f"{fmt_value(ratio['draft_ms_per_token'], '.2f'):>7}"
-                         + "".join(f"{fmt_value(ratio['ms_per_token'].get(m), '.2f'):>13}" for m in drafting))
-    if report.get("simulated"):
-        from edge_llm_ros.tools.edge_cloud_sim import format_lines
-
-        lines += format_lines(report["simulated"])
-    return "\n".join(lines)
-
-
-def plot(report: dict, path: Path) -> None:
-    """Speedups against RTT, one line per ratio and bandwidth."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {bw: style for bw, style in zip(sorted({r["bandwidth_mbps"] for r in report["runs"]}, reverse=True),
-                                             ("-", "--", ":", "-."))}
-    backends = report.get("draft_backends") or ["torch"]
-    for key, label, color in (("ar_to_sd", "AR → SD", "tab:blue"), ("sd_to_fsd", "SD → FSD (EE Alg. 1)", "tab:orange"),
-                              ("sd_to_ee", "SD → EE (pre-drafts sent ahead)", "tab:green"),
-                              ("ar_to_ee", "AR → EE", "tab:red")):
-        for i, backend in enumerate(backends):
-            for bw, style in styles.items():
-                points = [(r["rtt_ms"], result["speedup"][key]) for r in report["runs"]
-                          for result in backend_results(r, backends)[i:i + 1]
-                          if r["bandwidth_mbps"] == bw and result["speedup"].get(key) is not None]
-                if points:
-                    xs, ys = zip(*sorted(points))
-                    ax.plot(xs, ys, style, marker="os^v"[i % 4], color=color,
-                            label=f"{label}, {bw:g} Mbit/s" + (f", draft on {backend}" if len(backends) > 1 else ""))
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("round-trip time, ms (emulated link)")
-    ax.set_ylabel("speedup (latency per token ratio)")
-    ax.set_title(f"edge-cloud decoding, SmolLM2-135M, {LABEL}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # -- command line -------------------------------------------------------------------------------------
@@ -501,13 +392,9 @@ def draft_backends(text: str | None, draft: str, modes: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="edge-llm-ros bench --scenario edge-cloud",
-               description="Cloud AR vs edge-cloud SD vs early exits over emulated links (two node processes).")
-    p.add_argument("--scenario", choices=["edge-cloud"], default="edge-cloud", help=argparse.SUPPRESS)
-    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
-    p.add_argument("--png", default=None, metavar="FILE",
-                   help="plot speedup vs RTT (default: next to --json, .png; needs matplotlib)")
-    p.add_argument("--log", default=None, metavar="FILE", help="the nodes' output (default: next to --json, .log)")
+    p = scenario_parser("edge-cloud", "Cloud AR vs edge-cloud SD vs early exits over emulated links (two node "
+                        "processes).", quick=f"one short prompt, {QUICK_MAX_NEW_TOKENS} tokens",
+                        png="plot speedup vs RTT", log=True)
     p.add_argument("--rtt", default=",".join(f"{v:g}" for v in RTTS_MS), help="round-trip times in ms")
     p.add_argument("--bandwidth", default=",".join(f"{v:g}" for v in BANDWIDTHS_MBPS), help="link rates in Mbit/s")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)} (and tree)")
@@ -522,8 +409,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
                    help="a launch argument for the deployment (repeatable), e.g. min_confidence:=0.3 or "
                         "exit_layers:=16,24")
-    p.add_argument("--quick", action="store_true", help=f"one short prompt, {QUICK_MAX_NEW_TOKENS} tokens")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--pin", action="store_true",
                    help="each node on a core of its own, with taskset (default: the nodes share every core)")
     p.add_argument("--simulate", action="store_true",
@@ -532,9 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
-    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The scenario on the parsed command line (the harness resolved --json, --png and --log); the
+    report. ToolError for bad input, before anything starts."""
     rtts, bandwidths = _numbers(args.rtt, "--rtt"), _numbers(args.bandwidth, "--bandwidth")
     if any(b == 0 for b in bandwidths):
         raise ToolError("--bandwidth must be > 0 Mbit/s")
@@ -549,33 +434,19 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
     max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
     if max_new <= 0:
         raise ToolError(f"--max-new-tokens must be > 0, got {max_new}")
-    json_path, png, log = report_paths(args)
     prompts = list(QUICK_PROMPTS[:1]) if args.quick else list(BENCH_PROMPTS[: args.prompts])
     check_launch_args(args.set)
     backends = draft_backends(args.draft_backends, args.draft, modes)
     if args.simulate and (args.set or args.draft or backends[0] != "torch"):
         raise ToolError("--simulate models the default deployment (the shipped torch draft first, exits 16,24, one "
                         "pre-draft worker): drop --set and --draft, and keep torch first in --draft-backends")
-    report = run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, log,
-                          progress=not args.no_progress, launch_args=args.set, backends=backends,
-                          pin=args.pin, simulate=args.simulate)
-    return report, json_path, png
+    return run_scenario(rtts, bandwidths, prompts, modes, max_new, args.gamma, args.draft, args.log,
+                        progress=progress, launch_args=args.set, backends=backends, pin=args.pin,
+                        simulate=args.simulate)
 
 
-def failures(report: dict) -> list[str]:
-    return [f"LOSSLESS FAILURE: {mm['mode']} (draft on {backend}, RTT {run['rtt_ms']:g} ms) differs from ar "
-            f"on prompt {mm['prompt']}"
-            for run in report["runs"]
-            for backend, result in zip(report["draft_backends"], backend_results(run, report["draft_backends"]))
-            for mm in result["mismatches"]] + [
-        f"LOSSLESS FAILURE: simulated {mode} (RTT {run['rtt_ms']:g} ms) differs from the simulated ar"
-        for run in (report.get("simulated") or {}).get("runs", []) for mode, m in run["modes"].items()
-        if m["lossless"] is False]
-
-
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    return bench_main(argv, out, err, run, format_table, plot, failures)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+SCENARIO = register(Scenario(
+    name="edge-cloud", help="draft_node + verifier_node over emulated links: cloud AR, edge-cloud SD, early exits",
+    build_parser=build_parser, run=run, format_table=format_table, failures=failures, plot=plot,
+    sends_goals=True, writes_log=True,
+))

@@ -37,9 +37,9 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import NamedTuple
 
-from edge_llm_ros.tools.deployment import bench_main, report_paths
+from edge_llm_ros.tools.bench_harness import Scenario, register
 from edge_llm_ros.tools.generate import Parser
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.train_nav import seed_range
@@ -465,13 +465,9 @@ def parse_setup(args) -> Setup:
                  args.max_actions, args.policy, args.decide_s)
 
 
-def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
-    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
-    args = build_parser().parse_args(argv)
-    setup = parse_setup(args)
-    json_path, png, _ = report_paths(args)
-    report = run_scenario(setup, args.threads, progress=not args.no_progress)
-    return report, json_path, png
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The scenario on the parsed command line (the harness resolved --json and --png); the report."""
+    return run_scenario(parse_setup(args), args.threads, progress=progress)
 
 
 def failures(report: dict) -> list[str]:
@@ -483,9 +479,7 @@ def failures(report: dict) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    return bench_main(argv, out, err, run, format_table, plot, failures)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+SCENARIO = register(Scenario(
+    name="nav", help="Go2 navigation episodes per VLM deployment, overlapped vs stop-and-go (simulated time)",
+    build_parser=build_parser, run=run, format_table=format_table, failures=failures, plot=plot,
+))

@@ -33,14 +33,12 @@ import argparse
 import dataclasses
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 from edge_llm_ros.tools import stage_hop
-from edge_llm_ros.tools.deployment import EventLog, bench_main, local_router, report_paths
-from edge_llm_ros.tools.generate import Parser
+from edge_llm_ros.tools.bench_harness import Scenario, progress_bar, register, scenario_parser
+from edge_llm_ros.tools.deployment import EventLog, local_router
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.pipeline_deployment import (
     SEGMENT,
@@ -378,16 +376,13 @@ def projected_rows(setup: Setup, paper, modes: list[str], max_new_tokens: int, p
 def run_scenario(prompts: list[BenchPrompt], links: list[LinkSetting], max_new_tokens: int, projected_prompts: int,
                  log_path: Path | None, progress: bool, oracle: bool = False, modes: tuple[str, ...] = MODES) -> dict:
     """Prepare, measure, calibrate, simulate, project; the report."""
-    from tqdm import tqdm
-
     from edge_llm_ros.core.planning.costs import jetson_costs
 
     started, cores, modes = time.perf_counter(), node_cores(), list(modes)
     d0_shares = 0 if cores else None
     steps = (3 + min(2, len(prompts)) + len(links) * (2 * len(modes) * len(prompts) + 2 * TTFT_REPEATS + 4)
              + len(PROJECTED_STAGES) * (2 * len(modes) - 1 if oracle else len(modes)) * projected_prompts)
-    with tqdm(total=steps, desc="pipeline", unit="step", file=sys.stderr, disable=not progress,
-              dynamic_ncols=True) as bar:
+    with progress_bar(steps, "pipeline", "step", progress) as bar:
         setup = prepare(prompts, max_new_tokens, bar)
         chunks = {link: prefill_chunk(setup, link) for link in links}
         runs, hop = measure(setup, links, chunks, cores, modes, max_new_tokens, log_path, bar)
@@ -426,14 +421,9 @@ def link_settings(text: str) -> list[LinkSetting]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="edge-llm-ros bench --scenario pipeline",
-               description="The stage pipeline measured over emulated links, simulated, and projected to 4 and 8 "
-                           "Jetson-class stages.")
-    p.add_argument("--scenario", choices=["pipeline"], default="pipeline", help=argparse.SUPPRESS)
-    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
-    p.add_argument("--png", default=None, metavar="FILE",
-                   help="plot tokens/s per mode (default: next to --json, .png; needs matplotlib)")
-    p.add_argument("--log", default=None, metavar="FILE", help="the nodes' output (default: next to --json, .log)")
+    p = scenario_parser("pipeline", "The stage pipeline measured over emulated links, simulated, and projected to 4 "
+                        "and 8 Jetson-class stages.", quick="one link, one prompt, fewer tokens",
+                        png="plot tokens/s per mode", log=True)
     p.add_argument("--links", default=",".join(f"{b:g}:{m:g}" for b, m in LINKS),
                    help="emulated links as MBIT_S:MS (one-way), comma-separated (default 100:5,1000:1; --quick: the "
                         "first)")
@@ -444,33 +434,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle", action="store_true",
                    help="also project chunk_pp and flowspec with a draft that is always right (the target drafting "
                         "for itself, at the same draft cost): a sensitivity, not a target row (adds 1-2 minutes)")
-    p.add_argument("--quick", action="store_true", help="one link, one prompt, fewer tokens")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
 
-def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
-    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The scenario on the parsed command line (the harness resolved --json, --png and --log); the
+    report. ToolError for bad input, before anything starts."""
     links = link_settings(args.links)[: 1 if args.quick else None]
     count = args.prompts or (QUICK_PROMPTS if args.quick else PROMPTS)
     max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS)
     if not 1 <= count <= len(BENCH_PROMPTS) or max_new < 1:
         raise ToolError(f"--prompts must be in 1..{len(BENCH_PROMPTS)} and --max-new-tokens >= 1")
-    json_path, png, log = report_paths(args)
-    report = run_scenario(list(BENCH_PROMPTS[:count]), links, max_new, min(count, PROJECTED_PROMPTS), log,
-                          progress=not args.no_progress, oracle=args.oracle)
-    return report, json_path, png
+    return run_scenario(list(BENCH_PROMPTS[:count]), links, max_new, min(count, PROJECTED_PROMPTS), args.log,
+                        progress=progress, oracle=args.oracle)
 
 
 def failures(report: dict) -> list[str]:
+    """A LOSSLESS FAILURE line per row whose tokens differ from the engine's ar, and per link where the
+    long prompt's first token (unchunked or pipelined prefill) differs from the engine's."""
     return [f"LOSSLESS FAILURE: {r['source']} {r['mode']} ({r['stages']} stages, {r['link']}) differs from the "
-            "engine's ar" for r in report["rows"] if r["lossless"] is False]
+            "engine's ar" for r in report["rows"] if r["lossless"] is False] + [
+        f"LOSSLESS FAILURE: {p['source']} prefill of the long prompt ({p['link']}): its first token differs from "
+        "the engine's ar" for p in report["prefill"] if not p["first_token_exact"]]
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    return bench_main(argv, out, err, run, format_table, plot, failures)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+SCENARIO = register(Scenario(
+    name="pipeline", help="the stage pipeline over emulated links: measured, simulated, projected to 4 and 8 stages",
+    build_parser=build_parser, run=run, format_table=format_table, failures=failures, plot=plot,
+    sends_goals=True, writes_log=True,
+))

@@ -26,28 +26,46 @@ result, averaged), time to first token p50/p95 (send to the first feedback carry
 and whether every request's token ids equal its solo reference (the ones that do not are listed;
 any makes the exit status 1). Ratios: node / llama_cpp_batch (what the node costs), node(N) /
 node(1) (scaling) and node / baseline.
+
+Here: the llama.cpp measurements, the arithmetic and the command line; the launched pipeline and
+its clients in tools/serving_deployment.py; the table, the plot and the failures in
+tools/serving_report.py. The bench harness (tools/bench_harness.py) runs the scenario registered
+here.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
-import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from edge_llm_ros.core.planning.device_profile import cpu_name
 from edge_llm_ros.errors import Status
-from edge_llm_ros.tools.bench import LOSSLESS_MARK, CpuShare, Run, _version, fmt_value, run_llama_cpp
-from edge_llm_ros.tools.deployment import Deployment, EventLog, bench_main, local_router, node_backend, report_paths
-from edge_llm_ros.tools.generate import Parser, one_line
+from edge_llm_ros.tools.bench_harness import (
+    CpuShare,
+    Scenario,
+    register,
+    scenario_parser,
+    utc_now,
+    version_of,
+)
+from edge_llm_ros.tools.bench_runs import Run, run_llama_cpp
+from edge_llm_ros.tools.deployment import EventLog
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BENCH_PROMPTS, BenchPrompt
+from edge_llm_ros.tools.serving_deployment import (
+    LAUNCH,
+    WARMUP_TOKENS,
+    Request,
+    node_runs,
+    pipeline_plan,
+    ready_conditions,
+    schedule,
+    serving_lines,
+)
+from edge_llm_ros.tools.serving_report import failures, format_table, plot
 
 CLIENTS, QUICK_CLIENTS = (1, 2, 4, 8, 16), (1, 2, 4)
 REQUESTS_PER_CLIENT, QUICK_REQUESTS_PER_CLIENT = 3, 2
@@ -55,42 +73,8 @@ MAX_NEW_TOKENS, QUICK_MAX_NEW_TOKENS = 64, 16
 MAX_REQUESTS = 16  # serve_node's max_requests (at least the largest client count)
 CONTEXT = 2048  # tokens per sequence, as serve_node's batch
 N_BATCH = 512  # rows per llama_decode
-WARMUP_TOKENS = 8
-START_TIMEOUT_S = 300.0  # model loading
-GOAL_TIMEOUT_S = 300.0
-NAMESPACE = "/edge_llm"
-LAUNCH = "pipeline"
-SERVING = r"\[serve_node-\d+\].*serving"  # what serve_node says it serves (for the report)
-PLANNER = f"{NAMESPACE}/planner_node"  # active: the device plan is published
 # Launch arguments given when some node of the pipeline declares them (others are noted in the report).
 MODEL_ARG, THREADS_ARG, MAX_REQUESTS_ARG = "model", "threads", "max_requests"
-
-
-# -- who asks what -----------------------------------------------------------------------------------
-
-
-def schedule(clients: int, per_client: int, prompts: int) -> list[list[int]]:
-    """The prompt index of each client's requests: request r of client c asks (r * clients + c) % prompts."""
-    return [[(r * clients + c) % prompts for r in range(per_client)] for c in range(clients)]
-
-
-@dataclass
-class Request:
-    """One goal as a client saw it (time.monotonic() times)."""
-
-    client: int
-    index: int  # its place in the client's sequence
-    prompt: int  # index into the prompts
-    sent: float = 0.0
-    first_token: float | None = None
-    done: float | None = None
-    tokens: tuple[int, ...] = ()
-    status: int | None = None  # its RequestStatus code (edge_llm_ros.errors.Status); None: rejected, or no result
-    error: str = ""
-
-    @property
-    def wall_s(self) -> float | None:
-        return None if self.done is None else self.done - self.sent
 
 
 # -- the arithmetic ----------------------------------------------------------------------------------
@@ -269,123 +253,6 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
             "prompt_tokens": [len(ids) for ids in prompt_ids], "other_processes_cores": share.cores}
 
 
-# -- the pipeline ------------------------------------------------------------------------------------
-
-
-class Clients:
-    """This process as N applications: one LLMClient (one action client, one feedback subscription)
-    shared by the client threads, so feedback is decoded once per message however many clients
-    there are."""
-
-    def __init__(self) -> None:
-        from edge_llm_ros.client import LLMClient
-
-        self.llm = LLMClient(NAMESPACE, timeout=GOAL_TIMEOUT_S, connect_timeout=60.0, backend=node_backend())
-
-    def wait_ready(self, deployment: Deployment, plan, timeout: float) -> None:
-        """Until the generate server's node is lifecycle-active (serve_node; echo_node, the stand-in, once
-        it answers) and, with planner_node in the launch, planner_node is active too (its device plan
-        published, the calibration over), so no calibration runs during the measurement."""
-        deadline = time.monotonic() + timeout
-        self.llm.wait_until_ready(timeout, check=deployment.check_alive)
-        if "planner_node" in {node.name for node in plan.nodes}:
-            self.llm.wait_until_active(PLANNER, timeout, check=deployment.check_alive, deadline=deadline)
-
-    def request(self, request: Request, text: str, max_new_tokens: int) -> Request:
-        """Send one greedy goal and wait for its result; times and tokens filled into ``request``."""
-        from edge_llm_ros.errors import RequestError
-
-        request.sent = time.monotonic()
-        try:
-            stream = self.llm.stream(text, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
-            for chunk in stream:
-                if request.first_token is None and (chunk.token_ids or chunk.text):
-                    request.first_token = chunk.at
-            result = stream.result()
-        except RequestError as exc:  # refused as busy (no result), or a result that is not an answer
-            answer = getattr(exc, "result", None)
-            request.error, request.status = one_line(exc), None if answer is None else int(exc.status)
-            if answer is not None:
-                request.done, request.tokens = stream.ended_at, tuple(answer.token_ids)
-            return request
-        except Exception as exc:  # no answer in time (NoAnswer), or the call itself failed
-            request.error = one_line(exc)
-            return request
-        request.done, request.status, request.tokens = stream.ended_at, int(result.status), tuple(result.token_ids)
-        return request
-
-    def run(self, plan: list[list[int]], prompts: list[BenchPrompt], max_new_tokens: int) -> list[Request]:
-        """Every client of ``plan`` as a closed loop on a thread of its own; every request, when all ended."""
-        requests = [[Request(c, r, p) for r, p in enumerate(mine)] for c, mine in enumerate(plan)]
-
-        def loop(mine: list[Request]) -> None:
-            for request in mine:
-                self.request(request, prompts[request.prompt].text, max_new_tokens)
-
-        threads = [threading.Thread(target=loop, args=(mine,), daemon=True, name=f"client-{c}")
-                   for c, mine in enumerate(requests)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(GOAL_TIMEOUT_S * len(plan[0]) + 60)
-        return [r for mine in requests for r in mine]
-
-    def close(self) -> None:
-        self.llm.close()
-
-
-def pipeline_plan(wanted: list[str], given: list[str]):
-    """launch/pipeline.launch.py with ``given`` (each must be a launch argument of it) and those of
-    ``wanted`` some node declares; the plan, the arguments applied, and those left out."""
-    from edge_llm_ros.runtime.launcher import LaunchError, apply_launch_args, load_plan
-
-    plan = load_plan(LAUNCH)
-    declared = plan.launch_arguments()
-    given_keys = {a.partition(":=")[0] for a in given}
-    applied = [a for a in wanted if a.partition(":=")[0] in declared.keys() - given_keys] + list(given)
-    try:
-        apply_launch_args(plan, applied)
-    except LaunchError as exc:
-        raise ToolError(f"--set: {exc}") from None
-    return plan, applied, [a for a in wanted if a.partition(":=")[0] not in declared]
-
-
-def ready_conditions(plan) -> list[str]:
-    """What the bench waits for before it measures (Clients.wait_ready), for the report."""
-    names = {node.name for node in plan.nodes}
-    return [f"{NAMESPACE}/generate answers and its node is lifecycle-active",
-            *([f"{PLANNER} is lifecycle-active (its device plan published)"] if "planner_node" in names else [])]
-
-
-def serving_lines(log: EventLog) -> list[str]:
-    """What serve_node said it serves (its "serving" lines), for the report."""
-    return [m.string.split("]: ", 1)[-1] for _, m in log.find(SERVING)]
-
-
-def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[BenchPrompt], max_new_tokens: int,
-              log: EventLog, progress: bool) -> dict[int, list[Request]]:
-    """One deployment of the pipeline, every client count in turn (after one untimed request)."""
-    from tqdm import tqdm
-
-    runs = {}
-    with local_router("serving-router") as endpoint:
-        clients = Clients()
-        try:
-            with Deployment(plan, endpoint, log, "pipeline") as deployment:
-                clients.wait_ready(deployment, plan, START_TIMEOUT_S)
-                clients.request(Request(0, 0, 0), prompts[0].text, WARMUP_TOKENS)
-                with tqdm(total=sum(n * per_client for n in client_counts), desc="serving", unit="request",
-                          file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
-                    for n in client_counts:
-                        bar.set_postfix_str(f"{n} clients")
-                        runs[n] = clients.run(schedule(n, per_client, len(prompts)), prompts, max_new_tokens)
-                        deployment.check_alive()
-                        bar.update(n * per_client)
-        finally:
-            clients.close()
-    return runs
-
-
 def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int, threads: int, model: Path,
                  model_given: bool, extra_args: list[str], log_path: Path | None, progress: bool) -> dict:
     prompts = list(BENCH_PROMPTS)
@@ -412,9 +279,9 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     report = {
         "scenario": "serving",
         "label": label,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "llama_cpp_python": _version("llama_cpp"),
+                    "python": platform.python_version(), "llama_cpp_python": version_of("llama_cpp"),
                     "threads": threads, "load_average_before_launch": list(load_before_launch),
                     "other_processes_cores_llama_cpp_rows": llama["other_processes_cores"]},
         "model": str(model),
@@ -448,59 +315,6 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     return report
 
 
-# -- output ------------------------------------------------------------------------------------------
-
-
-def format_table(report: dict) -> str:
-    m = report["machine"]
-    lines = [
-        f"serving ({report['label']}): {' + '.join(report['deployment']['nodes'])}, {m['cpu']}, llama.cpp "
-        f"{m['llama_cpp_python']} with {m['threads']} threads, {report['max_new_tokens']} new tokens x "
-        f"{report['requests_per_client']} requests per client",
-        f"baseline llama_cpp sequential: {report['baseline']['tokens_per_s']:.1f} tok/s; one client / baseline "
-        f"{fmt_value(report['one_client_over_baseline'], '.2f')}",
-        *(f"serve_node: {line}" for line in report["deployment"].get("serve_node_said", [])[-1:]),
-        f"{'clients':>7}{'reqs':>6}{'node tok/s':>12}{'batch tok/s':>13}{'node/batch':>12}{'x1 client':>11}"
-        f"{'x baseline':>12}{'req tok/s':>11}{'ttft p50 ms':>13}{'ttft p95 ms':>13}  exact",
-    ]
-    for r in report["runs"]:
-        lines.append(
-            f"{r['clients']:>7}{r['requests']:>6}{r['aggregate_tokens_per_s']:>12.1f}"
-            f"{fmt_value(r['llama_cpp_batch_tokens_per_s'], '.1f'):>13}"
-            f"{fmt_value(r['node_over_llama_cpp_batch'], '.2f'):>12}"
-            f"{fmt_value(r['over_one_client'], '.2f'):>11}{fmt_value(r['over_baseline'], '.2f'):>12}"
-            f"{fmt_value(r['per_request_tokens_per_s'], '.1f'):>11}{fmt_value(r['ttft_p50_s'], '.0f', 1000):>13}"
-            f"{fmt_value(r['ttft_p95_s'], '.0f', 1000):>13}  {LOSSLESS_MARK[r['exact']]}"
-            + ("" if r["llama_cpp_batch_exact"] else "  (llama_cpp_batch not exact)"))
-    return "\n".join(lines)
-
-
-def plot(report: dict, path: Path) -> None:
-    """Aggregate tokens/s against clients: the node and llama_cpp_batch; the baseline as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = report["runs"]
-    xs = [r["clients"] for r in runs]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(xs, [r["aggregate_tokens_per_s"] for r in runs], "o-", label="edge_llm pipeline (serve_node)")
-    ax.plot(xs, [r["llama_cpp_batch_tokens_per_s"] for r in runs], "s--", label="llama_cpp_batch (raw loop, no node)")
-    ax.axhline(report["baseline"]["tokens_per_s"], color="grey", linestyle=":",
-               label="llama.cpp sequential (Llama.generate)")
-    ax.set_ylim(bottom=0)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("aggregate tokens/s")
-    ax.set_title(f"serving, {report['label']}, {report['max_new_tokens']} new tokens", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # -- command line ------------------------------------------------------------------------------------
 
 
@@ -515,14 +329,9 @@ def client_counts(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="edge-llm-ros bench --scenario serving",
-               description="The launched pipeline serving concurrent clients, against llama.cpp sequential "
-                           "and batched.")
-    p.add_argument("--scenario", choices=["serving"], default="serving", help=argparse.SUPPRESS)
-    p.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
-    p.add_argument("--png", default=None, metavar="FILE",
-                   help="plot aggregate tok/s vs clients (default: next to --json, .png; needs matplotlib)")
-    p.add_argument("--log", default=None, metavar="FILE", help="the nodes' output (default: next to --json, .log)")
+    p = scenario_parser("serving", "The launched pipeline serving concurrent clients, against llama.cpp sequential "
+                        "and batched.", quick="a short run: fewer clients, requests and tokens",
+                        png="plot aggregate tok/s vs clients", log=True)
     p.add_argument("--clients", default=None, metavar="LIST",
                    help=f"client counts (default {','.join(map(str, CLIENTS))}; "
                         f"--quick {','.join(map(str, QUICK_CLIENTS))})")
@@ -537,14 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the GGUF (default: the shipped SmolLM2-135M-Instruct; given to the node as {MODEL_ARG}:=)")
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
                    help="a launch argument for the pipeline (repeatable)")
-    p.add_argument("--quick", action="store_true", help="a short run: fewer clients, requests and tokens")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
 
-def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
-    """Parse ``argv`` and run the bench: (report, --json path, --png path); ToolError for bad input."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The scenario on the parsed command line (the harness resolved --json, --png and --log); the
+    report. ToolError for bad input, before anything starts."""
     counts = client_counts(args.clients or ",".join(map(str, QUICK_CLIENTS if args.quick else CLIENTS)))
     per_client, max_new = args.requests_per_client, args.max_new_tokens
     if per_client is None:
@@ -556,7 +363,6 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
     threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
     if threads < 1:
         raise ToolError(f"--threads must be >= 1, got {threads}")
-    json_path, png, log = report_paths(args)
     from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
     from edge_llm_ros.core.engine.models import _model_path
 
@@ -569,24 +375,16 @@ def run(argv: list[str] | None) -> tuple[dict, Path | None, Path | None]:
     if model.suffix != ".gguf":
         raise ToolError(f"--model must be a .gguf file, got {model}")
     pipeline_plan([], [*([f"{MODEL_ARG}:={model}"] if args.model else []), *args.set])  # checked before loading
-    report = run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, log,
-                          progress=not args.no_progress)
-    return report, json_path, png
+    return run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, args.log,
+                        progress=progress)
 
 
-def failures(report: dict) -> list[str]:
-    lines = []
-    for run in report["runs"]:
-        for bad in run["inexact"]:
-            why = bad["error"] or f"differs from llama.cpp sequential at token {bad['first_difference']}"
-            lines.append(f"NOT EXACT: {run['clients']} clients, client {bad['client']} request {bad['request']} "
-                         f"({bad['prompt']}): {why}")
-    return lines
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    return bench_main(argv, out, err, run, format_table, plot, failures, verdict="exact")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+SCENARIO = register(Scenario(
+    name="serving", help="the launched pipeline serving 1-16 concurrent clients, against llama.cpp sequential "
+                         "and batched",
+    build_parser=build_parser, run=run, format_table=format_table, failures=failures, plot=plot, verdict="exact",
+    sends_goals=True, writes_log=True,
+    busy_cores=lambda report: report["machine"]["other_processes_cores_llama_cpp_rows"],
+))

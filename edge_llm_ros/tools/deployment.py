@@ -201,60 +201,6 @@ class Deployment:
         return crashed
 
 
-def report_paths(args) -> tuple[Path | None, Path | None, Path | None]:
-    """A bench's (--json, --png, --log) paths: --png and --log default to the JSON's name with .png
-    and .log; ToolError for a folder that does not exist (said before the bench runs, not after)."""
-    json_path = Path(args.json) if args.json else None
-    png = Path(args.png) if args.png else (json_path.with_suffix(".png") if json_path else None)
-    log = Path(args.log) if args.log else (json_path.with_suffix(".log") if json_path else None)
-    for path in (json_path, png, log):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise ToolError(f"folder {path.parent} does not exist")
-    return json_path, png, log
-
-
-def write_report(report: dict, table: str, out, err, json_path: Path | None, png: Path | None, plot) -> None:
-    """A bench's outputs: ``table`` on ``out``, the report as JSON at ``json_path``, ``plot(report,
-    png)`` at ``png`` (a warning when matplotlib is missing); what was written said on ``err``."""
-    import json
-
-    print(table, file=out, flush=True)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {json_path}", file=err, flush=True)
-    if png is not None:
-        try:
-            plot(report, png)
-            print(f"wrote {png}", file=err, flush=True)
-        except ImportError:
-            print("warning: no plot: matplotlib is not installed (pip install 'edge_llm_ros[bench]')", file=err)
-
-
-def bench_main(argv, out, err, run, format_table, plot, failures, verdict: str = "lossless") -> int:
-    """A bench's command line: ``run(argv)`` parses and runs it, returning (report, --json path,
-    --png path), or raises ToolError (exit 2, one line; a deployment failure shows the nodes' lines);
-    --help exits 0. Then the table on ``out``, the JSON and the PNG (write_report), each line of
-    ``failures(report)`` on ``err``, and exit 0 when ``report[verdict]`` holds, else 1."""
-    import sys
-
-    from edge_llm_ros.core.drafts.loading import one_line
-
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        report, json_path, png = run(argv)
-    except ToolError as exc:
-        text = str(exc) if "\n" in str(exc) else one_line(exc)
-        print(f"error: {text}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    write_report(report, format_table(report), out, err, json_path, png, plot)
-    for line in failures(report):
-        print(line, file=err, flush=True)
-    return 0 if report[verdict] else 1
-
-
 def ask_profile(node, service: str, rows: tuple[int, ...], cached: int,
                 together: threading.Barrier | None = None) -> list[float]:
     """The seconds a deployed node's `profile` service (stage_node, verifier_node) measures for each

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_llm_ros.tools.bench import CpuShare
+from edge_llm_ros.tools.bench_harness import busy_cpu_seconds
 from edge_llm_ros.tools.deployment import Deployment, EventLog, ask_profile, node_backend
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BenchPrompt
@@ -168,12 +168,12 @@ class Others:
 
     def __enter__(self) -> Others:
         self.cores = None
-        self._start = (CpuShare._busy_s(), self._ours(), time.perf_counter())
+        self._start = (busy_cpu_seconds(), self._ours(), time.perf_counter())
         return self
 
     def __exit__(self, *exc) -> None:
         busy0, ours0, wall0 = self._start
-        busy1, ours1, wall = CpuShare._busy_s(), self._ours(), time.perf_counter() - wall0
+        busy1, ours1, wall = busy_cpu_seconds(), self._ours(), time.perf_counter() - wall0
         if busy0 is not None and busy1 is not None and ours0 is not None and ours1 is not None and wall > 0:
             self.cores = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / wall
 

@@ -5,7 +5,6 @@ dicts (the JSON's shape); the scenario (tools/bench_pipeline.py) makes them.
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
 import statistics
@@ -13,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from edge_llm_ros.tools import stage_hop
-from edge_llm_ros.tools.bench import BUSY_CORES, LOSSLESS_MARK, fmt_value
+from edge_llm_ros.tools.bench_harness import BUSY_CORES, LOSSLESS_MARK, fmt_value, utc_now
 from edge_llm_ros.tools.pipeline_deployment import SEGMENT, Goal, LinkSetting, Measured, Setup
 
 MODES = ("ar", "chunk_pp", "flowspec")
@@ -164,7 +163,7 @@ def report_of(setup: Setup, links: list[LinkSetting], runs: list[Measured], rows
     report = {
         "scenario": "pipeline",
         "label": LABEL,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "torch_threads_per_process": 1,
                     "load_average_at_end": list(os.getloadavg()),

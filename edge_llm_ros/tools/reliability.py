@@ -33,20 +33,17 @@ goals that failed or were not exact without a fault), goals refused as busy, rec
 
 from __future__ import annotations
 
-import datetime
-import json
+import argparse
 import os
-import platform
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
+from edge_llm_ros.tools.bench_harness import Scenario, machine_info, register, scenario_parser, utc_now
 from edge_llm_ros.tools.deployment import Deployment, EventLog, environment
 from edge_llm_ros.tools.fuzz import Fuzzer
-from edge_llm_ros.tools.generate import Parser, one_line
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.reliability_fleet import (
     PEERS,
@@ -298,8 +295,8 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
     return {
         "scenario": "reliability",
         "label": "emulated link",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "date": utc_now(),
+        "machine": machine_info(),
         "deployment": {"launch": "edge_cloud", "launch_arguments": [*NODE_ARGS, *launch_args], "seed": seed},
         "messages": fuzz["messages"],
         "crashes": len(crashes),
@@ -324,7 +321,7 @@ def run_reliability(messages: int, goals: int, clients: int, seed: int, log_path
     }
 
 
-# -- CLI -----------------------------------------------------------------------------------------------
+# -- output and command line -------------------------------------------------------------------------
 
 
 def format_table(report: dict) -> str:
@@ -352,7 +349,7 @@ def format_table(report: dict) -> str:
 
 
 def failures(report: dict) -> list[str]:
-    """What misses the issue's targets (empty: every target met)."""
+    """A "target missed" line per target of the issue the report misses (empty: every target met)."""
     out = []
     for key in ("crashes", "hangs", "live_requests_lost"):
         if report[key]:
@@ -365,54 +362,40 @@ def failures(report: dict) -> list[str]:
             out.append(f"recovery after killing {name}: none")
         elif name == "verifier_node" and recovery > TARGETS["recovery_over_start_time"] * start:
             out.append(f"recovery after killing {name}: {recovery:.1f} s > 2 x its start time {start:.1f} s")
-    return out
+    return [f"target missed: {line}" for line in out]
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="edge-llm-ros bench --scenario reliability",
-               description="Fuzz, overload and kill the edge-cloud deployment; report crashes, hangs, memory, recovery.")
-    p.add_argument("--scenario", choices=["reliability"], default="reliability")
+def build_parser() -> argparse.ArgumentParser:
+    p = scenario_parser("reliability", "Fuzz, overload and kill the edge-cloud deployment; report crashes, hangs, "
+                        "memory, recovery.", quick="2000 messages, 12 goals", log=True)
     p.add_argument("--messages", type=int, default=10_000, help="fuzz messages (default %(default)s)")
     p.add_argument("--goals", type=int, default=30, help="concurrent goals in the overload phase (default %(default)s)")
     p.add_argument("--clients", type=int, default=3, help="action clients the goals come from (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="fuzz seed (default %(default)s)")
     p.add_argument("--faults", default=",".join((*PEERS, ROUTER)),
                    help="processes to kill, comma-separated (default %(default)s; '' for none)")
-    p.add_argument("--quick", action="store_true", help="2000 messages, 12 goals")
-    p.add_argument("--json", metavar="FILE", help="write the report here")
-    p.add_argument("--log", metavar="FILE", help="the nodes' output (default: FILE.log next to --json)")
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
                    help="a launch argument for the deployment (repeatable)")
     return p
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        messages, goals = (2000, 12) if args.quick else (args.messages, args.goals)
-        for name, value, low in (("--messages", messages, 0), ("--goals", goals, 1), ("--clients", args.clients, 1)):
-            if value < low:
-                raise ToolError(f"{name} must be >= {low}, got {value}")
-        faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
-        unknown = [f for f in faults if f not in (*PEERS, ROUTER)]
-        if unknown:
-            raise ToolError(f"--faults: unknown process {unknown[0]!r}; expected some of {', '.join((*PEERS, ROUTER))}")
-        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-            raise ToolError(f"--json: folder {Path(args.json).parent} does not exist")
-        log = Path(args.log) if args.log else (Path(args.json).with_suffix(".log") if args.json else None)
-        report = run_reliability(messages, goals, args.clients, args.seed, log, faults, args.set)
-    except ToolError as exc:
-        print(f"error: {one_line(exc)}", file=err, flush=True)
-        return 2
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
-    print(format_table(report), file=out, flush=True)
-    if args.json is not None:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}", file=err, flush=True)
-    missed = failures(report)
-    for line in missed:
-        print(f"target missed: {line}", file=err, flush=True)
-    return 1 if missed else 0
+def run(args: argparse.Namespace, progress: bool) -> dict:
+    """The suite on the parsed command line (the harness resolved --json and --log); the report.
+    ToolError for bad input, before anything starts."""
+    messages, goals = (2000, 12) if args.quick else (args.messages, args.goals)
+    for name, value, low in (("--messages", messages, 0), ("--goals", goals, 1), ("--clients", args.clients, 1)):
+        if value < low:
+            raise ToolError(f"{name} must be >= {low}, got {value}")
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    unknown = [f for f in faults if f not in (*PEERS, ROUTER)]
+    if unknown:
+        raise ToolError(f"--faults: unknown process {unknown[0]!r}; expected some of {', '.join((*PEERS, ROUTER))}")
+    return run_reliability(messages, goals, args.clients, args.seed, args.log, faults, args.set)
+
+
+SCENARIO = register(Scenario(
+    name="reliability", help="fuzz, overload and faults against the edge-cloud deployment: crashes, hangs, memory, "
+                             "recovery",
+    build_parser=build_parser, run=run, format_table=format_table, failures=failures, verdict=None,
+    sends_goals=True, writes_log=True,
+))
