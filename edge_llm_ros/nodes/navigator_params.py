@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from edge_llm_ros.modes import served_by
 from edge_llm_ros.nodes.managed import QwenFrameParams
 from edge_llm_ros.nodes.parameters import param
 
-# the decoding modes each deployment serves (test_navigator_params checks them against core's registries)
-DEPLOYMENT_MODES = {
-    "robot": ("ar", "sd", "tree"),
-    "edge_cloud": ("ar", "sd", "tree", "fsd", "ee"),
-    "pipeline": ("ar", "chunk_pp", "flowspec"),
-}
+# the decoding modes each deployment serves: the mode registry's for the backend that deployment uses
+# (robot: the engine here), constrained to the navigator's grammar (test_navigator_params checks them)
+DEPLOYMENT_MODES = {deployment: served_by(backend, navigator=True)
+                    for deployment, backend in (("robot", "local"), ("edge_cloud", "edge_cloud"),
+                                                ("pipeline", "pipeline"))}
 MODES = tuple(dict.fromkeys(m for modes in DEPLOYMENT_MODES.values() for m in modes))
 
 
