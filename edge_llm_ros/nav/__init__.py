@@ -1,7 +1,8 @@
 """The Go2 navigation application (issue 15): a robot application beside the engine, not part of it.
 
-The action vocabulary and its grammar (actions.py), the navigator's decision (navigator.py) and its
-episode policy (episode.py), the bridge's motions (motion.py), the 2D world, its camera and the
+The action vocabulary and its grammar (actions.py), the navigator's decision (navigator.py), its
+episode policy (episode.py) and the two drivers of it (live.py on a real clock, simulated.py in
+simulated time), the bridge's motions (motion.py), the 2D world, its camera and the
 expert that teaches the VLM (world.py, camera.py, expert.py), the VLM adapter (vlm.py; trained by
 vlm_training.py) and Qwen2-VL (qwen_vl.py). Imports core's inference parts, never ROS.
 """

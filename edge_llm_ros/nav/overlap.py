@@ -95,9 +95,9 @@ def decision_start(handed_at: float, motion_end: float, lead_s: float, into: flo
 
 
 class Overlap:
-    """One episode's overlapped schedule, for navigator_node and the timed simulator (nav/
-    episode.py) alike: when the next decision starts (`start_at`). Both carry a decision over to
-    the pose at its hand-over with `reanchor`."""
+    """One episode's overlapped schedule, kept by the episode policy (nav/episode.py, which the
+    robot and the bench both run): when the next decision starts (`start_at`). The policy carries
+    a decision over to the pose at its hand-over with `reanchor`."""
 
     def __init__(self, lead: Lead | None = None, into: float = 0.5) -> None:
         self.lead = lead or Lead()

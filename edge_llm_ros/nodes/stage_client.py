@@ -1,5 +1,5 @@
-"""The draft side's end of the stage pipeline (FlowSpec's D0): what draft_node runs when its `layers`
-parameter is set.
+"""The draft side's end of the stage pipeline (FlowSpec's D0): what the pipeline backend
+(nodes/backends/pipeline.py) drives.
 
 A request is a core.pipeline scheduler (ar, chunk_pp or flowspec; an outline request is several,
 driven at once by :meth:`StageClient.run_many`). Its rows go to the first stage
@@ -10,7 +10,8 @@ node). :meth:`StageClient.run` yields the tokens each answer commits.
 
 A request never hangs: with no answer for `timeout_s` it ends with an error naming the stages that
 nothing serves any more (no subscriber on their topic), checked every second as well, so a
-dead stage ends its requests within about two seconds.
+dead stage ends its requests within about two seconds, and one that died and came back (a respawn
+takes a second or two: its subscription is gone at one check and back at the next) at once.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class StageClient:
         from edge_llm_ros.nodes.wire import StageMessage, WireError
 
         inbox: queue.Queue = queue.Queue()
+        absent: set[int] = set()  # stages seen without a subscriber while these requests ran
         index = {s.request_id: i for i, s in enumerate(schedulers)}
         for rid in index:
             self.inboxes[rid] = inbox
@@ -77,7 +79,7 @@ class StageClient:
             for scheduler in schedulers:
                 self.act(scheduler.start())
             while not all(s.finished for s in schedulers):
-                msg = self.wait(inbox, sum(len(s.generated) for s in schedulers))
+                msg = self.wait(inbox, sum(len(s.generated) for s in schedulers), absent)
                 if isinstance(msg, VerifyOutcome):  # a stage's refusal, from the node's `verify`
                     raise StageFailed(msg.error or "a stage answered with an empty error", msg.status)
                 scheduler = schedulers[index[msg.request_id]]
@@ -113,21 +115,32 @@ class StageClient:
             self.rows_gate.wait()
             self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
 
-    def wait(self, inbox: queue.Queue, tokens: int):
-        """The request's next answer or refusal (nodes/edge_link.await_answer): StageFailed after
-        timeout_s, or once a stage has no subscriber."""
-        return await_answer(
-            inbox, self.timeout_s, self.gone,
-            lambda: StageTimeout(f"no answer from the last stage within timeout_s={self.timeout_s:g} s ({tokens} "
-                                f"token(s) committed): are {self.count} stage_node(s) running?"),
-            lambda who: StageFailed(f"{who} gone: nothing subscribes to its input any more (it died or is "
-                                    f"restarting; {tokens} token(s) committed)"))
+    def wait(self, inbox: queue.Queue, tokens: int, absent: set[int]):
+        """The request's next answer or refusal (nodes/edge_link.await_answer): StageTimeout after
+        timeout_s; StageFailed once a stage has no subscriber, or at once when a stage that had none
+        earlier in this request (``absent``) has one again: it died and restarted (a respawn takes a
+        second or two), and the request's caches and rows in flight died with it."""
+        def restarted() -> None:
+            back = {i for i in absent if self.node.count_subscribers(f"stage_{i}/in") > 0}
+            if back:
+                raise StageFailed(f"{self.names(back)} gone: it died and restarted while the request ran, its "
+                                  f"caches with it ({tokens} token(s) committed)")
 
-    def gone(self) -> str:
-        """The stages whose input topic nothing subscribes to, e.g. 'stage 1 (/edge_llm/stage_1/in)'."""
-        missing = [f"stage {i} ({self.node.resolve_topic_name(f'stage_{i}/in')})" for i in range(self.count)
-                   if self.node.count_subscribers(f"stage_{i}/in") == 0]
-        return ", ".join(missing)
+        def gone() -> str:
+            missing = {i for i in range(self.count) if self.node.count_subscribers(f"stage_{i}/in") == 0}
+            absent.update(missing)
+            return self.names(missing)
+
+        return await_answer(
+            inbox, self.timeout_s, gone,
+            lambda: StageTimeout(f"no answer from the last stage within timeout_s={self.timeout_s:g} s ({tokens} "
+                                 f"token(s) committed): are {self.count} stage_node(s) running?"),
+            lambda who: StageFailed(f"{who} gone: nothing subscribes to its input any more (it died or is "
+                                    f"restarting; {tokens} token(s) committed)"), restarted)
+
+    def names(self, stages) -> str:
+        """e.g. 'stage 1 (/edge_llm/stage_1/in)'."""
+        return ", ".join(f"stage {i} ({self.node.resolve_topic_name(f'stage_{i}/in')})" for i in sorted(stages))
 
 
 @dataclass

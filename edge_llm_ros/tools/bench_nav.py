@@ -5,8 +5,9 @@ deployment of the VLM and per schedule (overlapped with motion, or stop-and-go).
     edge-llm-ros bench --scenario nav --seeds 100-102 --deployments robot-ar,cloud-ar --rtt 50
     edge-llm-ros bench --scenario nav --policy expert --decide-s 0.3  # the teacher, decisions of 0.3 s
 
-Each episode runs in simulated time (nav/episode.py: the bridge's motion executor, the
-kinematic Go2, the navigator's overlap schedule and its carrying over by odometry), and each
+Each episode runs in simulated time (nav/simulated.py: the bridge's motion executor, the
+kinematic Go2, and the navigator's episode policy, nav/episode.EpisodeController, the class
+navigator_node runs on the robot: its schedule, carrying over by odometry and drops), and each
 decision is real: SmolLM2 + the shipped navigation adapter on the frame the camera renders at the
 pose the robot was at, constrained greedy, timed where it runs. On the robot, one Navigator; over
 edge-cloud (nav/deployment.py: cloud-ar, edge-cloud-sd, -fsd, -ee) the robot's half and the
@@ -237,7 +238,7 @@ def run_scenario(setup: Setup, threads: int | None = None, progress: bool = True
 
     from edge_llm_ros.nav.camera import Camera
     from edge_llm_ros.nav.deployment import DEPLOYMENTS, plan
-    from edge_llm_ros.nav.episode import EpisodeConfig, Timed, run_episode
+    from edge_llm_ros.nav.simulated import EpisodeConfig, Timed, run_episode
     from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
     camera = Camera()

@@ -1,4 +1,4 @@
-"""Overlapped decisions without ROS (nav/overlap.py, nav/episode.py): an action decided
+"""Overlapped decisions without ROS (nav/overlap.py, nav/simulated.py): an action decided
 from an older pose is carried over to the pose the robot stands at (a turn keeps its goal heading,
 a move its goal point); the next decision starts one decision time before the motion ends; the
 odometry history answers where the robot was when a frame was taken; and in simulated time,
@@ -11,10 +11,10 @@ import math
 import pytest
 
 from edge_llm_ros.nav import Magnitudes, NavCommand
-from edge_llm_ros.nav.episode import EpisodeConfig, Timed, run_episode
 from edge_llm_ros.nav.expert import camera_expert
 from edge_llm_ros.nav.motion import Command, Executor, MotionLimits, motion_seconds
 from edge_llm_ros.nav.overlap import MIN_MOVE_M, Lead, Overlap, PoseHistory, decision_start, reanchor
+from edge_llm_ros.nav.simulated import EpisodeConfig, Timed, run_episode
 from edge_llm_ros.nav.world import Pose
 from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 

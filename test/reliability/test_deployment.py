@@ -51,7 +51,7 @@ def test_overload_refuses_the_extra_goals_as_busy_and_serves_the_rest_exactly(re
     assert overload["goals"] == 30 and overload["clients"] == 3
     assert overload["accepted"] == 8 and overload["refused_busy"] == 22  # draft_node's max_requests
     assert overload["exact"] == overload["accepted"] and overload["hangs"] == 0, overload["failed"]
-    assert "generate: goal rejected, busy (max_requests=8 running)" in reliability[1]
+    assert "generate: goal rejected, busy: 8 running and 0 waiting (max_requests, max_pending)" in reliability[1]
 
 
 @pytest.mark.parametrize("peer", ["verifier_node", "draft_node", "zenoh_router"])
