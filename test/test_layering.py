@@ -4,7 +4,8 @@
 - inference never imports training (core/training, nav/vlm_training): only training code and the
   command-line tools do;
 - core/ and nav/ stay middleware-free (no ROS, Zenoh, runtime or nodes import, statically or at run
-  time); runtime/ knows nothing of core, nodes or tools; nodes/ never import the command-line tools;
+  time); runtime/ knows nothing of core, nodes or tools; only the CLI imports the command-line tools
+  (tools are leaves: they define no product logic);
 - no module imports itself back through others (no import cycle).
 
 Imports are read from the source (function-local ones included), so a lazy import counts as much
@@ -117,6 +118,14 @@ def test_a_module_imports_only_what_lies_below_it(module):
 def test_inference_never_imports_training(module):
     bad = [n for n in imports_of(module) if within(n, TRAINING)]
     assert not bad, f"{module} imports {bad}: only training code and the command-line tools may"
+
+
+def test_tools_are_leaves_so_they_hold_no_product_logic():
+    """Only the CLI entry point imports the command-line tools: a node, the client, core, nav or the
+    runtime that needed something of a tool would be running product logic written there."""
+    users = sorted({m for m in OWN if part_of(m) not in ("tools", "cli")
+                    for n in imports_of(m) if within(n, ("tools",))})
+    assert not users, f"{users} import edge_llm_ros.tools: move what they need out of the tool"
 
 
 @pytest.mark.parametrize("module", [m for m in OWN if part_of(m).startswith(("core", "nav"))])
