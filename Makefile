@@ -56,14 +56,16 @@ ROS2_STAMP  := $(VENV)/.ros2-installed
 # not installed". colcon's own requirements are still resolved and installed.
 $(ROS2_STAMP): $(STAMP) constraints.txt
 	@test -x $(ROS2_SHARED)/install-jazzy.sh || { echo "error: no ROS 2 Jazzy installer at $(ROS2_SHARED)/install-jazzy.sh (set ROS2_SHARED)"; exit 1; }
-	$(ROS2_SHARED)/install-jazzy.sh $(VENV)
-	$(PIP) install -q --no-warn-conflicts -c constraints.txt colcon-core colcon-ros colcon-cmake colcon-bash
+	@$(ROS2_SHARED)/install-jazzy.sh $(VENV)
+	@echo "installing colcon..."
+	@$(PIP) install -q --no-warn-conflicts -c constraints.txt colcon-core colcon-ros colcon-cmake colcon-bash
 	@touch $(ROS2_STAMP)
 
 ros2: $(ROS2_STAMP)
 	@mkdir -p $(ROS2_WS)/src && ln -sfn ../../.. $(ROS2_WS)/src/edge_llm_ros
 	@ln -sfn ../../../interfaces/unitree_api $(ROS2_WS)/src/unitree_api  # colcon stops at the root's package.xml
-	cd $(ROS2_WS) && bash -c 'source $(abspath $(VENV))/ros2_setup.sh && colcon build --base-paths src \
+	@echo "building this package's interfaces and nodes with colcon into $(ROS2_WS)/install (log: $(ROS2_WS)/colcon.log)..."
+	@cd $(ROS2_WS) && bash -c 'source $(abspath $(VENV))/ros2_setup.sh && colcon build --base-paths src \
 	  --cmake-args -DBUILD_TESTING=OFF \
 	  -DPython3_EXECUTABLE=$(abspath $(PY))' > colcon.log 2>&1 || { tail -30 colcon.log; exit 1; }
 	@echo "built into $(ROS2_WS)/install: source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup.bash"
