@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import subprocess
 import threading
 import time
 
 import pytest
-from support import REPO, Proc, check_loopback_only, python_module, wait_until
+from support import REPO, Proc, check_loopback_only, python_module, ros_domain, wait_until
 
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this
 # process and every child; tests choose the backend themselves (the `host` fixture).
@@ -106,7 +105,7 @@ def rclpy_host(ros2_env):
     """This process as a node host under rclpy, on a ROS domain of its own."""
     from hosts import RclpyHost
 
-    host = RclpyHost(domain_id=random.randint(100, 200))
+    host = RclpyHost(domain_id=ros_domain())
     yield host
     host.close()
 

@@ -24,6 +24,18 @@ REPO = Path(__file__).resolve().parents[1]
 TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
+def ros_domain(first: int = 100, count: int = 100) -> int:
+    """A ROS domain id in ``first`` .. ``first + count - 1`` for a test's DDS participants: drawn at
+    random (another suite may run on the machine), from a half of its own for each of `make test`'s
+    two pytest-xdist workers, so that the two workers' rclpy tests never share one."""
+    import random
+
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    half = count // 2
+    low = first + half * (worker % 2)
+    return random.randint(low, low + half - 1)
+
+
 def python_path() -> str:
     """PYTHONPATH for child processes: this checkout first, then what the environment has (a sourced
     ROS 2 install: rclpy, and the msg/srv/action modules colcon generated for this package)."""

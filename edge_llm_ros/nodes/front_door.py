@@ -83,7 +83,8 @@ class FrontDoor(ManagedNode):
         on_change(self, FrontDoorParams, self.on_params)
         self.slots = threading.BoundedSemaphore(self.door.max_requests + self.door.max_pending)
         self.counts = threading.Lock()
-        self.running, self.refused = 0, 0
+        self.running = 0
+        self.refused: dict[str, int] = {}  # busy refusals by kind: a flood of one hides no other
         self.recent: list[RequestStats] = []  # requests ended since the last stats tick
         self.TokenChunk = rt.message("edge_llm_ros/msg/TokenChunk")
         self.Stats = rt.message("edge_llm_ros/msg/InferenceStats")
@@ -130,12 +131,13 @@ class FrontDoor(ManagedNode):
         return rt.GoalResponse.ACCEPT
 
     def note_busy(self, what: str) -> str:
-        """Log a busy refusal (a flood of them thinned as runtime.throttle says); the reason."""
+        """Log a busy refusal (a flood of one kind, ``what``, thinned as runtime.throttle says); the
+        reason."""
         reason = (f"busy: {self.door.max_requests} running and {self.door.max_pending} waiting "
                   "(max_requests, max_pending)")
         with self.counts:
-            self.refused += 1
-            note = flood_note(self.refused)
+            self.refused[what] = self.refused.get(what, 0) + 1
+            note = flood_note(self.refused[what])
         if note is not None:
             self.get_logger().warning(f"{what}, {reason}{note}")
         return reason

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from hosts import RclpyHost
-from support import REPO, Followed, assert_loopback_only, check_loopback_only, generate_cli
+from support import REPO, Followed, assert_loopback_only, check_loopback_only, generate_cli, ros_domain
 
 # installed with ROS 2 (make ros2); under CI a missing one fails the run, as ros2_env does
 launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
@@ -40,7 +39,7 @@ UP_S = 240  # both nodes loading SmolLM2 side by side on 2 cores
 
 @pytest.fixture(scope="module")
 def domain_id() -> int:
-    return random.randint(100, 200)
+    return ros_domain()
 
 
 class Transitions:

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from support import ros_domain
 
 N_FEEDBACK = 20
 
@@ -23,7 +24,7 @@ def rclpy_context(ros2_env):
     from rclpy.context import Context
 
     context = Context()
-    rclpy.init(context=context, domain_id=random.randint(201, 230))
+    rclpy.init(context=context, domain_id=ros_domain(201, 30))
     yield context
     context.try_shutdown()
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO, Proc, assert_loopback_only, generate_cli, wait_until
+from support import REPO, Proc, assert_loopback_only, generate_cli, ros_domain, wait_until
 
 pytestmark = pytest.mark.slow  # builds, launches and model processes
 INSTALL = REPO / "build" / "ros2" / "install" / "edge_llm_ros"
@@ -44,7 +43,7 @@ def env(ros2_env, tmp_path_factory):
     env = dict(ros2_env, EDGE_LLM_BACKEND="")  # empty is unset (Proc merges os.environ, where conftest set it)
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and os.path.realpath(p) != str(REPO))
-    env.update(ROS_DOMAIN_ID=str(random.randint(100, 200)), PYTHONUNBUFFERED="1",
+    env.update(ROS_DOMAIN_ID=str(ros_domain()), PYTHONUNBUFFERED="1",
                EDGE_LLM_ROS_PLAN=str(tmp_path_factory.mktemp("plan") / "plan.json"))
     return env
 
