@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from support import REPO, Proc, check_loopback_only, python_module, ros_domain, wait_until
+from support import DOMAINS_DRAWN, REPO, Proc, check_loopback_only, python_module, ros_domain, wait_until
 
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this
 # process and every child; tests choose the backend themselves (the `host` fixture).
@@ -97,7 +97,11 @@ def ros2_env():
         pytest.skip(message)
     check_loopback_only(env)
     yield env
-    subprocess.run(["ros2", "daemon", "stop"], env=env, capture_output=True, timeout=30)
+    # `ros2 topic`, `ros2 action` ... start a daemon on their domain and leave it running: stop the
+    # one on this environment's domain and on every domain the tests drew
+    for domain in [env.get("ROS_DOMAIN_ID"), *map(str, sorted(DOMAINS_DRAWN))]:
+        daemon_env = env if domain is None else {**env, "ROS_DOMAIN_ID": domain}
+        subprocess.run(["ros2", "daemon", "stop"], env=daemon_env, capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
+DOMAINS_DRAWN: set[int] = set()  # by ros_domain(): the ros2 CLI may have left a daemon on each
+
+
 def ros_domain(first: int = 100, count: int = 100) -> int:
     """A ROS domain id in ``first`` .. ``first + count - 1`` for a test's DDS participants: drawn at
     random (another suite may run on the machine), from a half of its own for each of `make test`'s
@@ -33,7 +36,9 @@ def ros_domain(first: int = 100, count: int = 100) -> int:
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     half = count // 2
     low = first + half * (worker % 2)
-    return random.randint(low, low + half - 1)
+    domain = random.randint(low, low + half - 1)
+    DOMAINS_DRAWN.add(domain)
+    return domain
 
 
 def python_path() -> str:
