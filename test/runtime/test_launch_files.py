@@ -17,7 +17,6 @@ server of a lifecycle node exists, refusing goals, from before it is configured.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +24,18 @@ from pathlib import Path
 
 import pytest
 from hosts import RclpyHost
-from support import REPO, Followed, assert_loopback_only, check_loopback_only, generate_cli, ros_domain
+from support import (
+    REPO,
+    Followed,
+    assert_loopback_only,
+    check_loopback_only,
+    generate_cli,
+    require,
+    ros_domain,
+)
 
 # installed with ROS 2 (make ros2); under CI a missing one fails the run, as ros2_env does
-launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
+launch_pytest = require("launch_pytest", "make ros2 (ROS 2 Jazzy installs it)")
 
 pytestmark = pytest.mark.slow  # launched node processes with SmolLM2
 NODES = ("verifier_node", "draft_node")

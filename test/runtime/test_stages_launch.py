@@ -6,14 +6,13 @@ plan's mode. The launch machinery (fixtures, waits) is test_launch_files.py's.""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import assert_loopback_only, generate_cli
+from support import assert_loopback_only, generate_cli, require
 from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     UP_S,
     client,
@@ -27,7 +26,7 @@ from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     transitions,
 )
 
-launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
+launch_pytest = require("launch_pytest", "make ros2 (ROS 2 Jazzy installs it)")
 
 pytestmark = pytest.mark.slow  # launched stage processes with SmolLM2
 PROMPT = "Name three colours."
