@@ -305,6 +305,8 @@ link_test:
 """
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_emulated_link_between_two_processes(rt_session, tmp_path):
     """A 50 ms one-way, 20 Mbit/s link set in YAML delays real messages from another process."""
     params = tmp_path / "link.yaml"
@@ -350,6 +352,7 @@ def test_emulated_link_between_two_processes(rt_session, tmp_path):
     assert after_big >= 400.0, after_big
 
 
+@pytest.mark.slow
 def test_bad_link_in_yaml_stops_the_node_with_one_line(router_endpoint, tmp_path):
     params = tmp_path / "bad.yaml"
     params.write_text(PARAMS.format(latency=-5.0))
