@@ -68,7 +68,8 @@ def test_then_the_next_one_is_served(run, spin_thread):
 def test_a_raising_callback_fails_its_test_with_that_exception_and_the_next_test_is_served(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_inner=TESTS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:launch_testing", "-rA")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:launch_ros", "-p", "no:launch_testing",
+                                 "-rA")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["FAILED test_inner.py::test_first_its_callback_raises - ValueError: boom in a callback"])
     result.stdout.fnmatch_lines(["PASSED test_inner.py::test_then_the_next_one_is_served"])
