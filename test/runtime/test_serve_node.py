@@ -93,7 +93,7 @@ def server(request, router_endpoint, no_plan):
 
 
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)  # generate_cli: up to 300 s
 def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
     proc, probe, llm, host = server
 
