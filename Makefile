@@ -107,7 +107,8 @@ SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup
 # themselves. All always run; the target fails if any failed.
 test: install ros2 vlm
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm test/vlm || vlm=$$?; \
-	  $(SOURCED) fast=0; slow=0; \
+	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
+	  fast=0; slow=0; \
 	  $(PY) -m pytest -q -m "not slow and not vlm" -n 2 test || fast=$$?; \
 	  $(PY) -m pytest -q -m "slow and not vlm" test || slow=$$?; \
 	  echo "make test: vlm pass exit $$vlm, not-slow pass exit $$fast, slow pass exit $$slow"; \

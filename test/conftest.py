@@ -1,5 +1,8 @@
 """Shared fixtures: a real Zenoh router on a free port, this process as a node host on the embedded
-backend or under rclpy, and the sourced ROS 2 environment (loopback only, enforced)."""
+backend or under rclpy, and the sourced ROS 2 environment (loopback only, enforced). The suite's
+rules: a callback that raises on a shared spin thread fails its own test (callback_errors); under
+CI nothing skips; a fixture's declared setup budget (support.setup_budget) is added to the timeout
+of every test that uses it."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import threading
 import time
 
 import pytest
-from support import DOMAINS_DRAWN, REPO, Proc, check_loopback_only, python_module, ros_domain, wait_until
+from callback_errors import SUITE as CALLBACK_ERRORS
+from support import DOMAINS_DRAWN, REPO, Proc, check_loopback_only, in_ci, python_module, ros_domain, wait_until
 
 # `make test` runs the suite in a shell with ROS 2 sourced, which would select rclpy for this
 # process and every child; tests choose the backend themselves (the `host` fixture).
@@ -26,6 +30,42 @@ PROC_TAIL_LINES = 40  # of each running node process, in a failing test's report
 TEST_STARTED = pytest.StashKey[float]()  # time.monotonic() as the test's setup began
 
 
+def pytest_configure(config):
+    config.pluginmanager.register(CALLBACK_ERRORS, "callback_errors")  # the shared spin threads' (rt_session, hosts)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test's timeout (pytest-timeout's, which covers setup and teardown) is its own (its
+    `timeout` marker, else pyproject.toml's default) plus the setup budget of every fixture it uses
+    (support.setup_budget): a long fixture is paid for by whichever test sets it up first."""
+    default = float(getattr(config, "_env_timeout", None) or 0)  # pytest-timeout's, from ini, env or --timeout
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        budgets = defs and [getattr(d[-1].func, "setup_budget_s", 0.0)
+                            for name in item.fixturenames if (d := defs.name2fixturedefs.get(name))]
+        if not budgets or not sum(budgets):
+            continue
+        own, kwargs = default, {}
+        if marker := item.get_closest_marker("timeout"):
+            kwargs = dict(marker.kwargs)
+            own = float(marker.args[0] if marker.args else kwargs.get("timeout", default))
+            kwargs.pop("timeout", None)
+        item.add_marker(pytest.mark.timeout(own + sum(budgets), **kwargs), append=False)
+
+
+def failed_under_ci(report) -> None:
+    """Under CI (support.in_ci) a skipped report becomes a failure that gives the skip's reason."""
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome, report.longrepr = "failed", f"skipped under CI=true, where nothing may skip: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    failed_under_ci(outcome.get_result())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item.stash[TEST_STARTED] = time.monotonic()
@@ -37,6 +77,7 @@ def pytest_runtest_makereport(item, call):
     stopped during the test (CI keeps no other record of what draft_node or verifier_node logged)."""
     outcome = yield
     report = outcome.get_result()
+    failed_under_ci(report)
     if report.failed:
         since = item.stash.get(TEST_STARTED, 0.0)
         stopped = [proc for at, proc in Proc.stopped if at >= since]
@@ -67,11 +108,11 @@ def rt_session(router_endpoint):
     ctx = embedded.get_context()
     stop = threading.Event()
 
-    def spin():
-        while not stop.is_set() and ctx.ok():
-            embedded.spin_once(0.1, ctx)
+    def running() -> bool:
+        return not stop.is_set() and ctx.ok()
 
-    thread = threading.Thread(target=spin, daemon=True)
+    thread = threading.Thread(target=CALLBACK_ERRORS.spin, args=(lambda: embedded.spin_once(0.1, ctx), running),
+                              daemon=True, name="embedded-spin")
     thread.start()
     yield embedded
     stop.set()
@@ -92,7 +133,7 @@ def ros2_env():
     ) if not ok]
     if missing:
         message = "ROS 2 tests need " + " and ".join(missing) + "; `make test` does both"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     check_loopback_only(env)

@@ -7,7 +7,8 @@ against nodes on the embedded backend and against nodes under rclpy without a co
     host.child_env                                      # environment for node processes to match
 
 The embedded host is the session's (conftest.rt_session). The rclpy host spins a
-MultiThreadedExecutor on a context of its own in a daemon thread.
+MultiThreadedExecutor on a context of its own in a daemon thread; a callback that raises there fails
+the test running (callback_errors), and the thread spins on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import importlib
 import sys
 import threading
 from typing import Any
+
+import callback_errors as callback_errors_module
 
 
 class EmbeddedHost:
@@ -40,7 +43,7 @@ class EmbeddedHost:
 class RclpyHost:
     backend = "rclpy"
 
-    def __init__(self, domain_id: int) -> None:
+    def __init__(self, domain_id: int, callback_errors: Any = None) -> None:
         import rclpy
         from rclpy.context import Context
         from rclpy.executors import MultiThreadedExecutor
@@ -50,29 +53,28 @@ class RclpyHost:
         self.context = Context()
         rclpy.init(context=self.context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
-        self.spin_errors: list[str] = []
         self._closing = False
-        self._thread = threading.Thread(target=self._spin, daemon=True, name="rclpy-host")
+        callback_errors = callback_errors or callback_errors_module.SUITE
+        self._thread = threading.Thread(target=callback_errors.spin, args=(self._spin_once, self._running),
+                                        daemon=True, name="rclpy-host")
         self._thread.start()
         self.child_env = {"EDGE_LLM_BACKEND": "rclpy", "ROS_DOMAIN_ID": str(domain_id)}
 
-    def _spin(self) -> None:
-        """The session's executor until shutdown. An exception out of spin() would end this thread and
-        leave every later rclpy test of the session deaf; CI run 18 looked like that (after one test
-        lost feedback, every later rclpy test heard nothing; the cause is not confirmed). An error now
-        ends only its turn, is printed and kept (``spin_errors``)."""
+    def _running(self) -> bool:
+        return self.context.ok() and not self._closing
+
+    def _spin_once(self) -> None:
+        """One turn of the session's executor, on the thread ``callback_errors.spin`` guards: an
+        exception out of a callback (rclpy's MultiThreadedExecutor raises it from a later spin_once)
+        is recorded there and fails the test running now, and the executor spins on for the others.
+        Unguarded, it would end the thread and leave every later rclpy test of the session deaf (CI
+        run 18 looked like that)."""
         from rclpy.executors import ExternalShutdownException
 
-        while self.context.ok() and not self._closing:
-            try:
-                self.executor.spin_once(timeout_sec=0.2)
-            except (ExternalShutdownException, KeyboardInterrupt):
-                return
-            except Exception as exc:  # noqa: BLE001 - keep serving the other tests' nodes
-                if self._closing or not self.context.ok():
-                    return
-                self.spin_errors.append(repr(exc))
-                print(f"rclpy host: {exc!r} in the executor; spinning on", file=sys.stderr)
+        try:
+            self.executor.spin_once(timeout_sec=0.2)
+        except (ExternalShutdownException, KeyboardInterrupt):
+            self._closing = True
 
     def Node(self, name: str, namespace: str = "") -> Any:
         from rclpy.node import Node

@@ -27,6 +27,37 @@ TESTDATA = Path(os.environ.get("EDGE_LLM_TESTDATA", REPO.parent / "shared" / "te
 DOMAINS_DRAWN: set[int] = set()  # by ros_domain(): the ros2 CLI may have left a daemon on each
 
 
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` set to 1, true or yes, in any case): there nothing may skip
+    (conftest turns a skip into a failure), and what a test needs must be installed."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def require(module: str, install: str):
+    """The module ``module``, imported; when it is missing, the test (or the module, called at its
+    top) fails under CI (in_ci) and is skipped elsewhere, naming it and ``install``, what installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"needs {module} ({exc}); install it: {install}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
+def setup_budget(seconds: float):
+    """Declare, under ``@pytest.fixture``, how long a fixture's setup may take: every test that uses
+    it, directly or through other fixtures, gets ``seconds`` more than its own timeout (conftest's
+    pytest_collection_modifyitems; pyproject.toml says the policy), so a long session fixture fits
+    inside the timeout of whichever test happens to set it up first."""
+    def declare(fixture_function):
+        fixture_function.setup_budget_s = float(seconds)
+        return fixture_function
+    return declare
+
+
 def ros_domain(first: int = 100, count: int = 100) -> int:
     """A ROS domain id in ``first`` .. ``first + count - 1`` for a test's DDS participants: drawn at
     random (another suite may run on the machine), from a half of its own for each of `make test`'s

@@ -74,6 +74,8 @@ def test_an_unknown_scenario_is_one_usage_line(argv, message):
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_the_cli_verb_lists_the_registry_in_a_real_process():
     done = subprocess.run([sys.executable, "-m", "edge_llm_ros.cli", "bench", "--scenario", "no-such", "--quick"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from support import REPO
+from support import REPO, require
 
 from edge_llm_ros.errors import Status
 from edge_llm_ros.tools import bench
@@ -105,7 +105,7 @@ def test_ratios_table_and_plot(tmp_path):
     assert lines[3].split() == ["1", "2", "40.0", "50.0", "0.80", "1.00", "0.80", "40.0", "50", "80", "yes"]
     assert lines[5].split()[-1] == "NO" and lines[5].split()[3] == "-"
     json.dumps(report)  # serializable as it stands
-    pytest.importorskip("matplotlib")
+    require("matplotlib", "pip install -e .[bench] (make install)")
     png = tmp_path / "s.png"
     bs.plot({**report, "runs": report["runs"][:2]}, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -180,10 +180,11 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, message):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_quick_run_of_the_launched_pipeline_writes_json_and_png(tmp_path):
     """The real thing, small: the pipeline launched, 1, 2 and 4 clients x 2 requests x 16 tokens, every
     request exact against llama.cpp's sequential greedy output."""
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp", "make install (llama-cpp-python, the cpu extra)")
     path = tmp_path / "serving.json"
     proc = subprocess.run([sys.executable, "-m", "edge_llm_ros.tools.bench", "--scenario", "serving", "--quick",
                            "--json", str(path), "--no-progress"],

@@ -167,6 +167,8 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_importing_core_and_nav_loads_no_middleware():
     code = (
         "import sys, importlib, pkgutil, edge_llm_ros.core, edge_llm_ros.nav\n"

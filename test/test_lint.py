@@ -64,11 +64,15 @@ def unreachable(source: str, filename: str = "<source>") -> list[str]:
     return [f"{line}: never runs (after the {kind} on line {exit_line})" for line, kind, exit_line in sorted(found)]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(360)  # run_tool: up to 300 s
 def test_ruff_finds_nothing_in_the_repository():
     result = run_tool("ruff", "check", "--no-cache", "--output-format", "concise", ".")
     assert result.returncode == 0, f"ruff check (pyproject.toml's rules):\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(360)  # run_tool: up to 300 s; 120 s on the loaded 2-core machine
 def test_mypy_finds_nothing_in_the_engine():
     result = run_tool("mypy", "--cache-dir", str(ROOT / ".mypy_cache"), str(ENGINE.relative_to(ROOT)))
     assert result.returncode == 0, f"mypy on {ENGINE.relative_to(ROOT)}:\n{result.stdout}{result.stderr}"

@@ -136,6 +136,8 @@ def test_shape_flags_override_the_preset(tiny):
     assert code == 0 and "mode=sd" in err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_generate_exit_status_of_a_real_process():
     cmd = [sys.executable, "-m", "edge_llm_ros.tools.generate", "hi", "--mode", "nope", *TINY]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)

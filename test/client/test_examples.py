@@ -27,6 +27,7 @@ def example(name: str, *args: str, timeout: float) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow  # serve_node with SmolLM2 as a process
+@pytest.mark.timeout(780)  # the example's 400 s and generate_cli's 300 s
 def test_generate_example_answers_through_the_launched_pipeline(router_endpoint, tmp_path):
     launch = Proc([sys.executable, "-m", "edge_llm_ros.runtime.cli", "launch", "pipeline", "calibrate:=never",
                    "engine:=llama.cpp", "mode:=ar", "--router", router_endpoint],
@@ -46,6 +47,8 @@ def test_generate_example_answers_through_the_launched_pipeline(router_endpoint,
         launch.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_navigate_example_prints_the_episode(rt_session, embedded_host):
     fake = FakeNavigator(embedded_host, "/edge_llm")
     fake.activate()

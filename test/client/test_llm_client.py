@@ -234,6 +234,8 @@ with LLMClient(sys.argv[1]) as llm:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_a_program_gets_a_node_of_its_own_on_the_runtime_the_environment_picks(request, backend, tmp_path):
     """A separate program (ROS 2 sourced or not, as the host's child environment says) with an
     LLMClient that owns its node and spinning thread."""
@@ -253,6 +255,8 @@ def test_a_program_gets_a_node_of_its_own_on_the_runtime_the_environment_picks(r
         server.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_the_client_imports_without_ros_2():
     env = {k: v for k, v in os.environ.items() if k not in ("ROS_DISTRO", "EDGE_LLM_BACKEND")}
     code = "import sys, edge_llm_ros.client as c; print(c.LLMClient.__name__, 'rclpy' in sys.modules)"

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from reference import hf_greedy
 
 from edge_llm_ros.core.engine.config import GenerationConfig
 from edge_llm_ros.core.engine.decoding import generate_all, update_alpha
@@ -73,7 +74,16 @@ def test_llmcad_alpha_adapts_to_draft_quality(tiny, tiny_drafters):
     assert max(bad.alphas) > 0.01  # errors raise α
 
 
-def test_llmcad_drafts_during_verification(tiny, tiny_drafters):
+@pytest.mark.parametrize("drafter", ["self", "shallow", "independent"])
+def test_llmcad_drafts_during_verification_and_stays_lossless(tiny, tiny_drafters, drafter):
+    """A tree pre-drafted during verification is used only when its context is the one verification
+    left: the text is transformers' greedy text whatever the draft quality (a stale pre-draft used
+    would change it), and no round but a later one can use a pre-draft (the first has none)."""
+    prompt = [1, 2, 3]
     config = GenerationConfig(mode="llmcad", max_new_tokens=40, overlap_drafting=True)
-    stats = generate_all(tiny, [1, 2, 3], config, tiny_drafters["self"]).stats
-    assert stats.overlapped_draft_time_s > 0 and stats.predraft_hits > 0
+    result = generate_all(tiny, prompt, config, tiny_drafters[drafter])
+    stats = result.stats
+    assert result.tokens == hf_greedy(tiny, prompt, 40)
+    assert stats.overlapped_draft_time_s > 0 and 0 <= stats.predraft_hits <= stats.rounds - 1
+    if drafter == "self":  # the target drafting for itself: every guess of what it accepts is right
+        assert stats.predraft_hits > 0

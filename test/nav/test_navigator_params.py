@@ -82,6 +82,7 @@ def test_the_modes_each_deployment_serves_are_the_engines():
     assert set(MODES) == set(ALL_MODES)
 
 
+@pytest.mark.slow
 def test_a_node_started_with_an_invalid_combination_exits_2_with_the_one_line(router_endpoint):
     proc = Proc(python_module("edge_llm_ros.nodes.navigator_node", "--ros-args", "-p", "deployment:=edge_cloud",
                               "-p", "mode:=chunk_pp"))

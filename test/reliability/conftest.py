@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import cli
+from support import cli, setup_budget
 
 BENCH_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="session")
+@setup_budget(BENCH_TIMEOUT_S + 60)
 def reliability(tmp_path_factory):
     """(report dict, the nodes' log text, the bench's exit code and stderr)."""
     out = tmp_path_factory.mktemp("reliability")

@@ -32,6 +32,7 @@ def raw_session(endpoint: str) -> zenoh.Session:
     return zenoh.open(conf)
 
 
+@pytest.mark.slow
 def test_garbage_and_wrong_hash_are_logged_and_node_keeps_serving(rt_session, echo_node, router_endpoint):
     reg = registry()
     topic = "/bad_input/instruction"
@@ -75,6 +76,7 @@ def test_garbage_and_wrong_hash_are_logged_and_node_keeps_serving(rt_session, ec
     (["bag", "info", "/nonexistent/bag"], "/nonexistent/bag"),
     (["interface", "show", "std_msgs/msg/Nope"], "unknown message type"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_exit_2(router_endpoint, args, needle):
     result = cli(*args, timeout=60)
     assert result.returncode == 2, result
@@ -82,12 +84,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(router_endpoint, args, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_cli_service_call_without_server_times_out(router_endpoint):
     result = cli("service", "call", "/nobody/profile", "edge_llm_ros/srv/Profile", "{}", "--timeout", "1", timeout=60)
     assert result.returncode == 1
     assert "not available" in result.stderr and "/nobody/profile" in result.stderr
 
 
+@pytest.mark.slow
 def test_node_with_missing_params_file_exits_2(router_endpoint):
     proc = Proc(python_module("edge_llm_ros.nodes.echo_node", "--ros-args", "--params-file", "/no/such/params.yaml"))
     assert proc.wait(60) == 2
@@ -95,6 +99,7 @@ def test_node_with_missing_params_file_exits_2(router_endpoint):
     assert len([line for line in proc.output.splitlines() if line.strip()]) == 1
 
 
+@pytest.mark.slow
 def test_node_with_wrong_parameter_type_exits_2(router_endpoint):
     proc = Proc(python_module("edge_llm_ros.nodes.echo_node", "--ros-args", "-p", "chunk_words:=many"))
     assert proc.wait(60) == 2
@@ -131,6 +136,7 @@ def test_cli_value_out_of_its_field_range_is_one_line_and_exit_2(router_endpoint
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_cli_send_goal_says_when_the_server_dies_mid_goal(router_endpoint):
     """The server's process is killed while the goal runs: one line naming server and goal, exit 1, at once."""
     peer = Proc([sys.executable, str(Path(__file__).parent / "peers" / "echo_peer.py"), "--ros-args", "-r",

@@ -16,6 +16,7 @@ BAGS = TESTDATA / "ros2_bags"
 
 
 @pytest.mark.parametrize("bag", ["talker_mcap", "talker_sqlite3"])
+@pytest.mark.slow
 def test_bag_info_reads_real_ros2_bags(bag):
     result = cli("bag", "info", str(BAGS / bag))
     assert result.returncode == 0, result.stderr
@@ -24,6 +25,7 @@ def test_bag_info_reads_real_ros2_bags(bag):
 
 
 @pytest.mark.parametrize("bag", ["talker_mcap", "talker_sqlite3"])
+@pytest.mark.slow
 def test_bag_play_publishes_every_message(rt_session, bag):
     rt = rt_session
     node = rt.Node(f"play_check_{bag}")
@@ -48,6 +50,8 @@ def responses_by_instruction(chunks) -> list[str]:
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_record_then_replay_reproduces_responses(rt_session, router_endpoint, tmp_path, storage):
     rt = rt_session
     reg = registry()
@@ -106,6 +110,7 @@ def test_record_then_replay_reproduces_responses(rt_session, router_endpoint, tm
 NAV_BAGS = Path(__file__).resolve().parents[1] / "data" / "nav_bags"  # python -m edge_llm_ros.tools.nav_bags
 
 
+@pytest.mark.slow
 def test_bag_play_require_fails_before_publishing_naming_the_missing_topic(router_endpoint):
     bag = NAV_BAGS / "no_camera"
     result = cli("bag", "play", str(bag), "--require", "/camera/image_raw:sensor_msgs/msg/Image",

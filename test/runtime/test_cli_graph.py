@@ -21,6 +21,7 @@ def echo_node(router_endpoint):
     proc.stop()
 
 
+@pytest.mark.slow
 def test_lists_show_the_node_and_its_endpoints(echo_node):
     nodes = cli("node", "list")
     assert nodes.returncode == 0 and f"{NS}/echo_node" in nodes.stdout.splitlines()
@@ -35,6 +36,7 @@ def test_lists_show_the_node_and_its_endpoints(echo_node):
     assert "Type: std_msgs/msg/String" in info.stdout and "Subscription count: 1" in info.stdout
 
 
+@pytest.mark.slow
 def test_action_send_goal_streams_text_and_reports_success(echo_node):
     result = cli("action", "send_goal", f"{NS}/generate", "edge_llm_ros/action/Generate",
                  "{prompt: 'walk to the kitchen door'}")
@@ -48,6 +50,7 @@ def test_action_send_goal_streams_text_and_reports_success(echo_node):
     assert sec and abs(int(sec[1]) - time.time()) < 120, result.stdout  # the result's stats are stamped
 
 
+@pytest.mark.slow
 def test_topic_hz_measures_the_stats_rate(echo_node):
     result = cli("topic", "hz", f"{NS}/stats", "--duration", "3")
     assert result.returncode == 0, result.stderr
@@ -55,6 +58,7 @@ def test_topic_hz_measures_the_stats_rate(echo_node):
     assert rates and 5.0 < rates[-1] < 20.0, result.stdout  # published every 0.1 s
 
 
+@pytest.mark.slow
 def test_topic_echo_learns_the_type_from_the_graph(echo_node):
     result = cli("topic", "echo", "--once", f"{NS}/stats", "--timeout", "30")
     assert result.returncode == 0, result.stderr
@@ -64,6 +68,7 @@ def test_topic_echo_learns_the_type_from_the_graph(echo_node):
     assert result.stdout.endswith("\nignored_results: 0\n---\n") and "__msgtype__" not in result.stdout
 
 
+@pytest.mark.slow
 def test_topic_echo_field_and_csv(echo_node):
     field = cli("topic", "echo", "--once", f"{NS}/stats", "--field", "node_name", "--timeout", "30")
     assert (field.returncode, field.stdout) == (0, "echo_node\n---\n"), field.stderr
@@ -73,6 +78,7 @@ def test_topic_echo_field_and_csv(echo_node):
     assert bad.returncode == 2 and "std_msgs/msg/Header has no field 'nope'" in bad.stderr, bad.stderr
 
 
+@pytest.mark.slow
 def test_echo_node_stamps_what_it_publishes(echo_node, rt_session):
     from edge_llm_ros.runtime.interfaces import registry
 
@@ -96,6 +102,7 @@ def test_echo_node_stamps_what_it_publishes(echo_node, rt_session):
         node.destroy_node()
 
 
+@pytest.mark.slow
 def test_interface_show_prints_definitions():
     result = cli("interface", "show", "edge_llm_ros/action/Generate")
     assert result.returncode == 0

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 from hosts import BACKENDS, host_for
-from support import REPO, Followed, Proc, cli, stamped_now, wait_until
+from support import REPO, Followed, Proc, cli, setup_budget, stamped_now, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient, NoAnswer
@@ -99,6 +99,7 @@ def reference(greedy):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(870)
 def nodes(request, router_endpoint):
     """verifier_node and draft_node as two processes on the backend the test names (``indirect``;
     default the embedded one); yields (verifier, draft, probe node, a client of generate on the probe,
@@ -205,6 +206,7 @@ def test_a_draft_of_another_vocabulary_is_refused_before_generation():
         build_drafter(f"llama.cpp:{default_model_path()}", tiny_target())  # SmolLM2's 49152 tokens vs 258 bytes
 
 
+@pytest.mark.timeout(480)
 def test_llama_cpp_draft_node_streams_the_target_greedy_output(nodes, reference):
     """A second draft_node on the same verifier drafting on llama.cpp (draft_backend:=llama.cpp, the
     shipped draft's GGUF, a goal namespace of its own): ee output equals SmolLM2's greedy output."""
@@ -239,6 +241,7 @@ def assert_sampled_defaults_work_in_every_mode(llm) -> None:
         assert 0 < len(result.token_ids) <= 8, mode
 
 
+@pytest.mark.timeout(240)
 def test_sampled_goals_with_default_settings_succeed_in_every_mode(nodes):
     assert_sampled_defaults_work_in_every_mode(nodes[3])
 
@@ -264,6 +267,7 @@ def test_a_goal_with_a_field_out_of_range_is_aborted_with_the_reason(nodes, goal
 
 
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
+@pytest.mark.timeout(180)
 def test_streamed_text_equals_target_greedy_over_50ms_rtt(nodes, reference):
     llm = nodes[3]
     for prompt in PROMPTS:
@@ -281,6 +285,7 @@ def test_streamed_text_equals_target_greedy_over_50ms_rtt(nodes, reference):
               f"{stats.cache_miss_rate:.2f}, avg exit of hits {stats.avg_exit_layer:.1f}")
 
 
+@pytest.mark.timeout(180)
 def test_cli_send_goal_succeeds(nodes):
     result = cli("action", "send_goal", "/edge_llm/generate", "edge_llm_ros/action/Generate",
                  f"{{prompt: '{PROMPTS[1]}'}}", timeout=120)
@@ -289,6 +294,7 @@ def test_cli_send_goal_succeeds(nodes):
     assert "mode: ee" in result.stdout
 
 
+@pytest.mark.timeout(240)
 def test_the_verifier_measures_itself_on_request_between_drafts(nodes):
     """`~/profile`: the target's milliseconds per row count over a cached prefix, measured in the node
     (the edge-cloud bench's simulator takes the server's speed from it); bad counts refused."""
@@ -336,6 +342,7 @@ def test_malformed_draft_gets_an_error_naming_the_field(nodes):
         probe.destroy_publisher(pub)
 
 
+@pytest.mark.timeout(240)
 def test_unconfigured_nodes_answer_requests_with_the_lifecycle_error(embedded_host):
     """With autostart false (as `ros2 launch` starts them, before its transitions) nothing is loaded:
     a goal to draft_node is aborted and a draft to verifier_node is answered, both with the state
@@ -411,6 +418,7 @@ def test_cancel_ends_the_goal_cancelled(nodes):
 
 
 @pytest.mark.parametrize("mode, prompt", MODE_CASES, ids=[f"{m}-{LONG_PROMPTS.index(p)}" for m, p in MODE_CASES])
+@pytest.mark.timeout(300)
 def test_every_mode_streams_the_target_greedy_output_64_tokens(nodes, greedy, mode, prompt):
     """The issue's lossless check at full size: 64 new tokens, streamed and in the result, exactly
     the target's greedy output; the request's stats printed for the CI log."""
@@ -502,6 +510,7 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
         probe.destroy_publisher(pub)
 
 
+@pytest.mark.timeout(360)
 def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
     """A goal whose greedy answer stops at EOS, in sd: the output ends with the EOS token, and
     `stats` carries that request's InferenceStats, then (the next stats_period_s tick) the aggregate."""
@@ -577,6 +586,7 @@ def draft_readers(probe, host) -> set:
 
 
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
+@pytest.mark.timeout(360)
 def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves(nodes, greedy):
     verifier, draft, probe, llm, host = nodes
     sent = send(llm, "Write a long story about a robot that learns to cook.", max_new_tokens=400)

@@ -190,6 +190,7 @@ def test_a_long_command_is_clamped_and_the_watchdog_stops_it(bridge):
 
 
 @pytest.mark.parametrize("bridge", BACKENDS, indirect=True)
+@pytest.mark.timeout(180)
 def test_the_estop_latches_until_released_and_refuses_meanwhile(bridge):
     proc, probe, cmd_vel = bridge
     start = cmd_vel.mark()

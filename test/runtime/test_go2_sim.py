@@ -86,6 +86,7 @@ def publish_instruction(host) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.timeout(720)
 def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, router_endpoint):
     from edge_llm_ros.nav.actions import TURNS, parse
     from edge_llm_ros.nav.world import REACH_M, Pose, body_gap
@@ -212,6 +213,7 @@ def navigator_proc(host, *params: str) -> Proc:
                  *(arg for p in params for arg in ("-p", p))], env=host.child_env)
 
 
+@pytest.mark.timeout(660)
 def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(request, router_endpoint):
     """navigator_node (deployment edge_cloud, mode fsd) on the embedded runtime, first alone: the
     decision ends within seconds (nothing subscribes to its draft topic) and the robot gets a stop
@@ -246,6 +248,7 @@ def test_an_edge_cloud_navigator_stops_without_its_verifier_and_decides_with_it(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.timeout(540)
 def test_a_pipeline_navigator_stops_without_its_stages_and_decides_through_them(request, backend, router_endpoint):
     """navigator_node (deployment pipeline, mode flowspec: the robot as FlowSpec's D0) on each runtime,
     first alone: the robot gets a stop naming the stage nothing serves. Then two stage_nodes

@@ -17,7 +17,6 @@ server of a lifecycle node exists, refusing goals, from before it is configured.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +24,19 @@ from pathlib import Path
 
 import pytest
 from hosts import RclpyHost
-from support import REPO, Followed, assert_loopback_only, check_loopback_only, generate_cli, ros_domain
+from support import (
+    REPO,
+    Followed,
+    assert_loopback_only,
+    check_loopback_only,
+    generate_cli,
+    require,
+    ros_domain,
+    setup_budget,
+)
 
 # installed with ROS 2 (make ros2); under CI a missing one fails the run, as ros2_env does
-launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
+launch_pytest = require("launch_pytest", "make ros2 (ROS 2 Jazzy installs it)")
 
 pytestmark = pytest.mark.slow  # launched node processes with SmolLM2
 NODES = ("verifier_node", "draft_node")
@@ -145,6 +153,7 @@ def edge_cloud(launch_env, outer_env, io, proc_info, transitions):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(240)
 def client(ros2_env, domain_id):
     """(host, LLMClient of /edge_llm/generate): an rclpy node on a context of its own in the launch's domain."""
     from edge_llm_ros.client import LLMClient
@@ -212,6 +221,7 @@ def test_edge_cloud_launch_brings_both_nodes_up_under_rclpy_on_loopback(io, proc
 
 
 @pytest.mark.launch(fixture=edge_cloud)
+@pytest.mark.timeout(600)
 def test_a_goal_to_the_launched_nodes_streams_the_target_greedy_text(client, io, proc_info, transitions):
     host, llm = client
     with ThreadPoolExecutor(1) as pool:

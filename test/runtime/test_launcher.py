@@ -193,6 +193,7 @@ def router():
 
 
 # ----------------------------------------------------------- running launches
+@pytest.mark.slow
 def test_launch_starts_router_and_nodes_overrides_params_and_stops_on_ctrl_c(tmp_path, procs):
     launch = deployment(tmp_path, [node("talker", remappings=[("chatter", "/remapped")]),
                                    node("listener"), node("stubborn", namespace="")])
@@ -230,6 +231,7 @@ def test_launch_starts_router_and_nodes_overrides_params_and_stops_on_ctrl_c(tmp
     assert not router_reachable(endpoint)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_node_and_exits_zero(tmp_path, procs, router):
     launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
     proc, out = start_launcher(procs, launch, "--router", router)
@@ -246,6 +248,7 @@ def test_sigterm_to_the_launcher_stops_every_node_and_exits_zero(tmp_path, procs
     assert router_reachable(router)  # a router the launcher did not start is left alone
 
 
+@pytest.mark.slow
 def test_required_node_dying_stops_the_launch_non_required_is_only_logged(tmp_path, procs, router):
     launch = deployment(tmp_path, [node("server"), node("flaky", required=False), node("crasher")])
     proc, out = start_launcher(procs, launch, "--router", router)
@@ -265,6 +268,7 @@ def test_required_node_dying_stops_the_launch_non_required_is_only_logged(tmp_pa
     assert not [name for name, pid in pids.items() if alive(pid)]
 
 
+@pytest.mark.slow
 def test_children_die_with_a_killed_launcher(tmp_path, procs, router):
     launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
     proc, out = start_launcher(procs, launch, "--router", router)
@@ -275,6 +279,7 @@ def test_children_die_with_a_killed_launcher(tmp_path, procs, router):
     wait_until(lambda: not any(alive(pid) for pid in pids.values()), 15, "orphaned nodes to exit")
 
 
+@pytest.mark.slow
 def test_in_process_launcher_colors_prefixes_on_a_terminal_and_stops_on_request(tmp_path, router):
     plan = load_plan(str(deployment(tmp_path, [node("talker"), node("listener")])))
     apply_launch_args(plan, ["mode:=tree"])
@@ -296,6 +301,7 @@ def test_in_process_launcher_colors_prefixes_on_a_terminal_and_stops_on_request(
     assert stream.count(r"got SIGINT$") == 2
 
 
+@pytest.mark.slow
 def test_a_prefix_goes_before_the_node_command(tmp_path, procs, router):
     """launch_ros' ``prefix``: here taskset, so the node runs on one core only."""
     core = min(os.sched_getaffinity(0))
@@ -312,6 +318,7 @@ def test_a_prefix_goes_before_the_node_command(tmp_path, procs, router):
         load_plan(str(bad))
 
 
+@pytest.mark.slow
 def test_a_router_that_never_comes_up_fails_the_launch(tmp_path):
     plan = load_plan(str(deployment(tmp_path, [node("talker")])))
     stream = StreamOutput()
@@ -652,6 +659,7 @@ BAD_NAME_LAUNCH = "NODES = [{'executable': 'x', 'name': 'bad-name'}]\n"
     (["{tmp}/ghost.yaml"], "no executable 'ghost' for node /ghost (module edge_llm_ros.nodes.ghost not found)"),
     (["{launch}", "--router", "udp/1.2.3.4"], "router endpoint must look like tcp/HOST:PORT"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(tmp_path, args, message):
     (tmp_path / "pkg").mkdir()
     launch = deployment(tmp_path / "pkg", [node("talker")])

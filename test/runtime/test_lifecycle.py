@@ -118,6 +118,7 @@ def test_a_failing_configure_stays_unconfigured_and_a_raising_one_goes_through_e
         toy.trigger_configure()
 
 
+@pytest.mark.slow
 def test_the_cli_lists_gets_and_sets_as_ros2_lifecycle_does(toy):
     fqn = toy.get_fully_qualified_name()
     # one graph snapshot of a new CLI session may not hold every token yet (as `ros2 node list` may miss one)

@@ -22,7 +22,7 @@ import math
 import signal
 
 import pytest
-from support import REPO, Proc, cli, python_module, wait_until
+from support import REPO, Proc, cli, python_module, setup_budget, wait_until
 
 from edge_llm_ros.tools import nav_bags
 
@@ -70,6 +70,7 @@ def test_fixtures_were_answered_by_the_shipped_adapter(expected):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(270)
 def nodes(router_endpoint, rt_session):
     """navigator_node (SmolLM2 + the shipped adapter, loaded once; it warms up on configure) and
     go2_bridge_node, with a probe that collects the navigator's episode summaries (one per replayed bag)."""

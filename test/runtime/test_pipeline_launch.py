@@ -41,6 +41,8 @@ def alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_three_nodes_cli_instruction_response_and_clean_sigterm(rt_session, router_endpoint, tmp_path):
     (tmp_path / "launch").mkdir()
     (tmp_path / "config").mkdir()
@@ -80,6 +82,7 @@ def test_three_nodes_cli_instruction_response_and_clean_sigterm(rt_session, rout
                 proc.stop()
 
 
+@pytest.mark.slow
 def test_unknown_launch_argument_is_exit_2(router_endpoint):
     result = cli("launch", "pipeline", "no_such_param:=1", "--router", router_endpoint)
     assert result.returncode == 2
@@ -91,6 +94,7 @@ DEMO_LINE = re.compile(r"\[demo\] mode (\w+) on (llama\.cpp|torch): (\d+) tokens
 
 
 @pytest.mark.slow  # the real pipeline: planner_node calibrates this machine, serve_node runs SmolLM2
+@pytest.mark.timeout(660)
 def test_demo_answers_with_smollm2_through_the_launched_pipeline(router_endpoint, tmp_path):
     instruction = "Name one thing a robot needs to see."
     plan = tmp_path / "plan.json"  # none yet: planner_node calibrates and saves one

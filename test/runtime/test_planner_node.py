@@ -1,5 +1,5 @@
 """planner_node: the device plan on a latched topic, published on activate (readiness is the lifecycle
-state), the `plan` service answering from saved measurements within a second, refusals of bad
+state), the `plan` service answering from saved measurements (nothing measured), refusals of bad
 requests, `calibrate` never (unconfigured, up, until a plan is saved), allow_llama_cpp; and (slow, a
 real process with SmolLM2) calibration when no plan exists, then `profile` measuring the device.
 
@@ -14,7 +14,6 @@ import math
 import re
 import sys
 import threading
-import time
 import uuid
 
 import pytest
@@ -91,16 +90,28 @@ def late_plan(probe, topic: str, timeout: float = 10.0):
     return got[0] if event.wait(timeout) else None
 
 
-def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe, tmp_path, monkeypatch):
+def nothing_measured(monkeypatch) -> None:
+    """From here on, a device calibration or a layer profile measured in this process fails the test
+    (the plan service answers from what is saved; how fast is bench's to say)."""
+    from edge_llm_ros.core.planning import device_profile
+    from edge_llm_ros.core.planning.pipeline_plan import profile
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the plan service measured the device instead of reading the saved measurements")
+
+    monkeypatch.setattr(device_profile, "calibrate", measured)
+    monkeypatch.setattr(profile, "measure_here", measured)
+
+
+def test_plan_answers_from_the_saved_measurements_without_measuring(planner, probe, tmp_path, monkeypatch):
     from edge_llm_ros.core.planning.device_plan import PLAN_ENV
 
     path = write_plan(tmp_path / "plan.json")
     monkeypatch.setenv(PLAN_ENV, str(path))  # plan_file '' = the default path
+    nothing_measured(monkeypatch)
     node = planner(calibrate="never")
     plan = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))
-    start = time.monotonic()
     single = plan(deployment="single", objective="latency")
-    assert time.monotonic() - start < 1.0
     assert single.success, single.message
     assert len(single.candidates) == len(single.predicted_tokens_per_s) == 2 * (1 + 2 * (len(TAU) + 1))
     assert list(single.predicted_tokens_per_s) == sorted(single.predicted_tokens_per_s, reverse=True)
@@ -110,9 +121,8 @@ def test_plan_answers_within_a_second_from_the_saved_measurements(planner, probe
                                                                                "best speculative candidate sd γ=1")
     assert single.plan.header.stamp.sec > 0 and single.plan.threads == 2
 
-    start = time.monotonic()
     batched = plan(objective="throughput", concurrency=8)
-    assert time.monotonic() - start < 1.0 and batched.success
+    assert batched.success
     assert batched.candidates[0] == "ar on llama.cpp, 8 requests batched"
     assert batched.predicted_tokens_per_s[0] == pytest.approx(8000 / LLAMA[8])
 
@@ -139,7 +149,8 @@ PROFILE = {"rows": [1, 8, 64], "cached": [0, 512], "layer_s": [[1e-3, 1.2e-3], [
            "head_s": [4e-3, 15e-3, 60e-3], "threads": 1, "source": "saved by the test"}
 
 
-def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_budget(planner, probe, tmp_path):
+def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_budget(planner, probe, tmp_path,
+                                                                                       monkeypatch):
     """deployment pipeline: this machine's two cores from the layer profile saved next to plan_file (nothing
     measured), the stages covering SmolLM2's 30 layers, every mode predicted; too little memory is refused by name."""
     from edge_llm_ros.core.engine.models import weights_folder
@@ -147,11 +158,10 @@ def test_pipeline_plans_answer_from_the_saved_profile_and_refuse_a_device_over_b
     from edge_llm_ros.core.planning.pipeline_plan import save_profile
 
     save_profile(tmp_path / "layer_profile.json", LayerProfile(**PROFILE), weights_folder())
+    nothing_measured(monkeypatch)
     node = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", prompt_len=100)
     plan = client(probe, PLAN_SRV, node.resolve_topic_name("plan"))
-    start = time.monotonic()
     answer = plan(deployment="pipeline")
-    assert time.monotonic() - start < 1.0
     assert answer.success, answer.message
     msg = answer.plan
     begins, ends = list(msg.stage_layer_begin), list(msg.stage_layer_end)
@@ -283,6 +293,7 @@ def test_bad_parameters_are_one_line_errors(planner, params, message):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(720)
 def test_calibration_without_a_plan_saves_one_publishes_it_and_profile_measures(router_endpoint, rt_session, probe,
                                                                                tmp_path):
     """A real planner_node process with no plan: it calibrates (FAST), saves and publishes the plan; a late

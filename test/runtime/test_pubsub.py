@@ -52,6 +52,7 @@ def peer(router_endpoint):
     proc.stop()
 
 
+@pytest.mark.slow
 def test_every_custom_message_round_trips(rt_session, peer):
     rt = rt_session
     node = rt.Node("pubsub_test", namespace="rt_test")
@@ -77,6 +78,7 @@ def test_every_custom_message_round_trips(rt_session, peer):
         node.destroy_node()
 
 
+@pytest.mark.slow
 def test_service_call_across_processes(rt_session, peer):
     rt = rt_session
     node = rt.Node("service_test", namespace="rt_test")
@@ -119,6 +121,7 @@ def test_a_node_declares_what_the_runtime_keeps_on_it(rt_session):
         node.destroy_node()
 
 
+@pytest.mark.slow
 def test_action_streams_500_feedback_in_order(rt_session, peer):
     node, Generate, client = generate_client(rt_session, "action_test")
     seen: list[int] = []
@@ -133,6 +136,7 @@ def test_action_streams_500_feedback_in_order(rt_session, peer):
     node.destroy_node()
 
 
+@pytest.mark.slow
 def test_action_cancel(rt_session, peer):
     node, Generate, client = generate_client(rt_session, "cancel_test")
     started = threading.Event()
@@ -147,6 +151,7 @@ def test_action_cancel(rt_session, peer):
     node.destroy_node()
 
 
+@pytest.mark.slow
 def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
     """A result wait fails only when the server's token is deleted, never because a graph snapshot came
     back without it (on a loaded machine one can: CI once saw a live server declared gone mid-goal)."""
@@ -163,6 +168,7 @@ def test_a_goal_outlives_graph_snapshots_that_miss_its_server(rt_session, peer):
     node.destroy_node()
 
 
+@pytest.mark.slow
 def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_answer(rt_session, peer):
     """A process that first asks the graph after the young window (a loaded machine can spend it
     importing) must still wait for the router's answer, and only the answer makes the cache complete:

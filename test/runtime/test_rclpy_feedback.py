@@ -3,7 +3,8 @@ message. rclpy's own ActionClient forgets a goal's feedback callback when the go
 and takes one feedback message per wake-up, so the feedback queued behind the result is dropped:
 the cause of the stream tails CI runs 15, 16, 18 and 19 lost in
 test_duplicate_stale_and_overtaken_verify_results_are_ignored[rclpy]. runtime.ros.ActionClient
-delivers them. Both clients meet the same server here; rclpy's is the negative control."""
+delivers them. Both clients meet the same server here; rclpy's is the control that the scenario is
+client-agnostic (it asserts only what every client must keep: order, the result)."""
 
 from __future__ import annotations
 
@@ -124,8 +125,12 @@ def test_runtime_client_gets_the_feedback_queued_behind_the_terminal_status(rclp
     assert stream(rclpy_context, server, ActionClient) == list(range(N_FEEDBACK))
 
 
-def test_rclpy_client_drops_it_the_negative_control(rclpy_context, server):
-    """rclpy's client with the same reader depth (what the test host used in CI runs 16-19)."""
+def test_rclpy_client_in_the_same_scenario_keeps_order_the_control(rclpy_context, server):
+    """rclpy's client with the same reader depth (what the test host used in CI runs 16-19), in the
+    same scenario: the result comes in while the client is busy (stream() checks it) and the feedback
+    it does deliver is in order, without duplicates. Whether it drops what is queued behind the
+    result (it did in Jazzy, CI runs 15-19) is rclpy's business: only our client's guarantee, every
+    message, is asserted, so this test stays right the day rclpy delivers them too."""
     from rclpy.action import ActionClient
     from rclpy.qos import QoSProfile
 
@@ -133,4 +138,5 @@ def test_rclpy_client_drops_it_the_negative_control(rclpy_context, server):
 
     got = stream(rclpy_context, server, functools.partial(ActionClient,
                                                           feedback_sub_qos_profile=QoSProfile(depth=FEEDBACK_DEPTH)))
-    assert got == list(range(len(got))) and len(got) < N_FEEDBACK, got
+    assert got == list(range(len(got))), got
+    print(f"rclpy's ActionClient delivered {len(got)} of {N_FEEDBACK} feedback messages")

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 from hosts import BACKENDS, host_for, start_launch, stop_launch
-from support import Followed, Proc, wait_until
+from support import Followed, Proc, setup_budget, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient
@@ -78,6 +78,7 @@ def gguf() -> str:
 
 
 @pytest.fixture(scope="module")
+@setup_budget(122)
 def llama_server():
     """llama-cpp-python's OpenAI-compatible server on SmolLM2's GGUF, on a free loopback port: its /v1 URL."""
     from edge_llm_ros.runtime.router import free_endpoint
@@ -129,6 +130,7 @@ def start_pipeline(host, router_endpoint: str, url: str) -> Proc:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.timeout(660)
 def test_the_launched_pipeline_answers_with_llama_cpps_greedy_text(request, backend, router_endpoint, llama_server,
                                                                     reference):
     if backend == "rclpy":
@@ -173,6 +175,7 @@ def test_the_launched_pipeline_answers_with_llama_cpps_greedy_text(request, back
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_server_that_cannot_be_reached_is_a_one_line_error_at_start(router_endpoint):
     """No server at the URL: serve_node's configure fails, the process exits 2 with one error line."""
     node = subprocess.run([sys.executable, "-m", "edge_llm_ros.nodes.serve_node", "--ros-args", "-p", "backend:=remote",

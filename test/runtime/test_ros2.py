@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO, Proc, assert_loopback_only, generate_cli, ros_domain, wait_until
+from support import REPO, Proc, assert_loopback_only, generate_cli, ros_domain, setup_budget, wait_until
 
 pytestmark = pytest.mark.slow  # builds, launches and model processes
 INSTALL = REPO / "build" / "ros2" / "install" / "edge_llm_ros"
@@ -81,6 +81,7 @@ def test_a_sourced_ros2_selects_rclpy_else_the_embedded_backend(env):
     assert python({**env, "EDGE_LLM_BACKEND": "zenoh"}, show) == "zenoh | EDGE_LLM_BACKEND=zenoh"
 
 
+@pytest.mark.timeout(180)
 def test_a_bench_under_ros2_without_this_packages_install_says_what_to_source(env):
     """ROS 2 sourced, this package's colcon install not (this checkout on PYTHONPATH): a bench that
     sends Generate goals stops at once with one error line naming what to source, no traceback."""
@@ -222,6 +223,7 @@ def send_goal(env: dict, prompt: str, max_new_tokens: int) -> tuple[str, str, st
 
 
 @pytest.fixture(scope="module")
+@setup_budget(330)
 def pipeline(env):
     proc = launch(env, "pipeline.launch.py", "calibrate:=never")
     try:
@@ -239,6 +241,7 @@ def pipeline(env):
                 proc.stop()
 
 
+@pytest.mark.timeout(1500)
 def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
     # started first: its subscription has the node and parameter checks' time to be matched
     echo = Proc(["ros2", "topic", "echo", "/edge_llm/response", "edge_llm_ros/msg/TokenChunk"], env=env)

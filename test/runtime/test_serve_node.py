@@ -23,7 +23,7 @@ import time
 
 import pytest
 from hosts import BACKENDS, host_for
-from support import REPO, Proc, cli, generate_cli, stamped_now, wait_until
+from support import REPO, Proc, cli, generate_cli, setup_budget, stamped_now, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient, NoAnswer
@@ -72,6 +72,7 @@ def solo():
 
 
 @pytest.fixture(scope="module")
+@setup_budget(370)
 def server(request, router_endpoint, no_plan):
     """serve_node as a process on the backend the test names (``indirect``; default the embedded
     one); yields (process, probe node, a client of its generate action on the probe, node host)."""
@@ -92,6 +93,7 @@ def server(request, router_endpoint, no_plan):
 
 
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
+@pytest.mark.timeout(480)  # generate_cli: up to 300 s
 def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
     proc, probe, llm, host = server
 
@@ -168,6 +170,7 @@ def test_bad_goals_abort_with_the_reason_and_the_node_goes_on(server, solo):
     assert llm.generate(PROMPTS[3], max_new_tokens=8).token_ids == solo(PROMPTS[3], 8)
 
 
+@pytest.mark.timeout(420)
 def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
     proc, probe, llm, host = server
     accepted, refused = [], 0
@@ -181,6 +184,7 @@ def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
     proc.wait_for_line("goal rejected, busy", 10)
 
 
+@pytest.mark.timeout(540)
 def test_a_malformed_plan_is_refused_and_the_old_one_stays(server, solo):
     proc, probe, llm, host = server
     from edge_llm_ros.nodes.common import latched_qos
@@ -217,6 +221,7 @@ os._exit(0)
 '''
 
 
+@pytest.mark.timeout(480)
 def test_a_client_that_dies_mid_goal_frees_its_slot(request, router_endpoint, no_plan, tmp_path):
     host = host_for(request)
     proc = Proc(serve_cmd("max_requests:=1", "max_pending:=0", "context:=4096", "client_check_s:=0.5",
@@ -274,6 +279,7 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
+@pytest.mark.timeout(600)
 def test_the_lifecycle_refuses_goals_unless_active_and_cleanup_frees_the_model(server, solo):
     """A managed node (nodes/managed.py) driven by `ros2 lifecycle` (rclpy) or `edge-llm-ros lifecycle`:
     inactive and unconfigured it aborts goals with the reason; cleanup frees the model (RSS drops);

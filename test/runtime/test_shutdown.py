@@ -139,6 +139,7 @@ def test_planner_node_stops_while_profiling(host, procs, tmp_path):
     assert_clean(planner)
 
 
+@pytest.mark.timeout(240)
 def test_serve_node_stops_while_loading_its_model(host, procs, tmp_path):
     ns = f"/load_{uuid.uuid4().hex[:8]}"
     watcher, configuring = probe(host, procs, ns), threading.Event()

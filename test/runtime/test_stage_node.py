@@ -22,7 +22,7 @@ import threading
 import pytest
 import torch
 from hosts import host_for
-from support import REPO, Proc, cli, stamped_now, wait_until
+from support import REPO, Proc, cli, setup_budget, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
@@ -118,6 +118,7 @@ def prompt_and_expected(processes):
 
 
 @pytest.fixture(scope="module")
+@setup_budget(390)
 def scheduler(request, processes, prompt_and_expected):
     host = host_for(request)
     processes[0].wait_for_line("active: stage 0 of 2: embedding + layers 0-10, ", 180)
@@ -225,6 +226,7 @@ def test_each_stage_profiles_itself_on_request(request, scheduler):
         probe.destroy_node()
 
 
+@pytest.mark.timeout(300)
 def test_bad_layers_are_refused_before_any_weights_load(router_endpoint):
     gap = Proc(stage_cmd("layers:=0-10,12-29", name="stage_0"))
     short = Proc(stage_cmd("index:=1", "count:=2", "layers:=11-28", name="stage_1"))

@@ -21,7 +21,7 @@ import time
 
 import pytest
 from hosts import host_for
-from support import Proc, cli, wait_until
+from support import Proc, cli, setup_budget, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient
@@ -48,6 +48,7 @@ def expected():
 
 
 @pytest.fixture(scope="module", params=list(SPLITS))
+@setup_budget(120)
 def deployment(request, router_endpoint):
     """The launch (stages + draft_node), a client of `generate` on a node of the host, the stage count."""
     host = host_for(request)
@@ -96,6 +97,7 @@ def test_every_lossless_mode_through_the_stage_processes_equals_ar(deployment, e
 
 
 @pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
+@pytest.mark.timeout(360)
 def test_a_dead_stage_fails_its_request_naming_it_and_rejoins_when_restarted(deployment, expected):
     launch, llm, count = deployment
     pid = int(re.findall(r"started stage_1 \(pid (\d+)\)", launch.output)[-1])
@@ -134,6 +136,7 @@ def test_a_stage_that_refuses_ends_the_goal_with_its_reason(deployment, expected
 
 
 @pytest.mark.parametrize("deployment", ["2 stages"], indirect=True)
+@pytest.mark.timeout(240)
 def test_outline_mode_expands_its_points_at_once_and_says_it_is_not_lossless(deployment):
     """Outline decoding (not lossless): the outline, then every point through the stages at once from
     a fork of the outline's cache; the answer is its points in order, or, for an outline of fewer

@@ -6,14 +6,13 @@ plan's mode. The launch machinery (fixtures, waits) is test_launch_files.py's.""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import assert_loopback_only, generate_cli
+from support import assert_loopback_only, generate_cli, require, setup_budget
 from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     UP_S,
     client,
@@ -27,7 +26,7 @@ from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     transitions,
 )
 
-launch_pytest = importlib.import_module("launch_pytest") if os.environ.get("CI") else pytest.importorskip("launch_pytest")
+launch_pytest = require("launch_pytest", "make ros2 (ROS 2 Jazzy installs it)")
 
 pytestmark = pytest.mark.slow  # launched stage processes with SmolLM2
 PROMPT = "Name three colours."
@@ -40,6 +39,7 @@ DEVICES = """devices:
 
 
 @pytest.fixture(scope="module")
+@setup_budget(120)
 def plan(tmp_path_factory, launch_env):
     """The plan `edge-llm-ros plan --pipeline` writes for two devices (no device plan: τ assumed)."""
     from edge_llm_ros.core.planning.pipeline_plan import PipelinePlan
@@ -96,6 +96,7 @@ def wait_until_active(io, proc_info, transitions, name: str) -> None:
 
 
 @pytest.mark.launch(fixture=stages)
+@pytest.mark.timeout(600)
 def test_the_plan_launches_its_stages_and_answers_with_the_target_greedy_text(plan, client, io, proc_info,
                                                                             transitions):
     import psutil

@@ -11,6 +11,7 @@ import json
 import signal
 import sys
 
+import pytest
 from support import Proc
 
 SCRIPT = r'''
@@ -77,6 +78,7 @@ print(json.dumps(results), flush=True)
 '''
 
 
+@pytest.mark.slow
 def test_stoppable_calls_end_at_a_signal_in_every_thread_and_nothing_else_does():
     proc = Proc([sys.executable, "-c", SCRIPT])
     try:

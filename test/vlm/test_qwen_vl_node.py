@@ -78,6 +78,7 @@ def node(host, module: str, params: str, *args: str) -> Proc:
                 env=host.child_env)
 
 
+@pytest.mark.timeout(420)
 def test_navigator_node_decides_with_the_qwen_vlm_its_yaml_names(request, router_endpoint, checkpoints, tmp_path):
     target, draft = checkpoints
     params = yaml(tmp_path / "navigator.yaml", "navigator", vlm=target, vlm_draft=draft, vlm_height=84,
@@ -96,6 +97,7 @@ def test_navigator_node_decides_with_the_qwen_vlm_its_yaml_names(request, router
         navigator.stop()
 
 
+@pytest.mark.timeout(660)
 def test_over_edge_cloud_the_draft_here_and_the_target_on_the_verifier_give_the_same_answer(
         request, router_endpoint, checkpoints, tmp_path):
     target, draft = checkpoints
