@@ -15,8 +15,6 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node, stamp
 from edge_llm_ros.nodes.parameters import declare, param
 
-OK, WARN, ERROR, STALE = 0, 1, 2, 3
-
 
 @dataclasses.dataclass(frozen=True)
 class MonitorParams:
@@ -42,7 +40,9 @@ class MonitorNode(rt.Node):
         stale = time.monotonic() - seen > 3 * self.period
         fields = ("mode", "tokens", "tokens_per_s", "ttft_s", "tau", "acceptance_rate", "active_requests")
         return self.Status(
-            level=STALE if stale else OK,
+            # the type's own constants: a `byte` field, which rclpy holds as one byte of bytes (an int there
+            # went out as garbage) and the embedded backend as an int
+            level=self.Status.STALE if stale else self.Status.OK,
             name=f"edge_llm_ros: {name}", hardware_id=name,
             message="stale" if stale else f"{msg.tokens_per_s:.1f} tok/s",
             values=[self.KeyValue(key=f, value=str(getattr(msg, f))) for f in fields],

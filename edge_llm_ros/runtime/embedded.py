@@ -408,11 +408,7 @@ class QoSProfile:
     transient_local: bool = False
 
     def token(self) -> str:
-        return graph.QosProfile(
-            reliability=graph.QosReliability.RELIABLE if self.reliable else graph.QosReliability.BEST_EFFORT,
-            durability=graph.QosDurability.TRANSIENT_LOCAL if self.transient_local else graph.QosDurability.VOLATILE,
-            history_depth=self.depth,
-        ).encode()
+        return graph.qos_keyexpr(self.reliable, self.transient_local, self.depth)
 
 
 def _qos(qos: Any) -> QoSProfile:
