@@ -152,6 +152,16 @@ def ignore_interrupts() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def policy_clock(node) -> Callable[[], float]:
+    """Seconds on the clock a node's timing rules run on: time.monotonic, or with `use_sim_time` the
+    node's ROS time (/clock), so that a bag replayed with `bag play --clock`, at any rate, is timed as
+    it was recorded (a frame's age, a motion's length, a watchdog)."""
+    if node.get_parameter("use_sim_time").value:
+        clock = node.get_clock()
+        return lambda: clock.now().nanoseconds / 1e9
+    return time.monotonic
+
+
 def stamp(node, msg):
     """``msg`` with ``header.stamp`` set to now on ``node``'s clock (rclpy's node clock, or the embedded
     backend's); every message with a header is published through it."""

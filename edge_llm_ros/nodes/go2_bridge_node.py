@@ -11,7 +11,9 @@ that the control loop sends every 1/`rate_hz` s and ends with a stop, on the out
 
 The robot stops on a NavAction that is not valid (its error is logged), on stop, on the e-stop,
 when no fresh NavAction came for `watchdog_s` while moving, and when the motion is done. A NavAction
-whose camera frame (frame_stamp) is older than `max_frame_age_s` is refused. A NavAction that gives
+whose camera frame (frame_stamp) is older than `max_frame_age_s` on the node's clock is refused. With
+`use_sim_time` true the node runs on /clock (a bag replayed with `edge-llm-ros bag play --clock`):
+frame ages, motions and the watchdog in the bag's time, and the control loop's timer too. A NavAction that gives
 an action and a magnitude but no distance or angle moves by the magnitude tables
 `forward_m.<small|medium|large>` (metres) and `turn_deg.<...>` (degrees). Every refusal is logged
 with its reason; `~/state` (std_msgs/String, latched) says `idle|moving|estop: <last event>`.
@@ -28,7 +30,7 @@ import time
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nav.actions import MAGNITUDES, Magnitudes
 from edge_llm_ros.nav.motion import Executor, MotionLimits, Setpoint, to_command
-from edge_llm_ros.nodes.common import latched_qos, run_node
+from edge_llm_ros.nodes.common import latched_qos, policy_clock, run_node
 from edge_llm_ros.nodes.parameters import Spec, declare, descriptor, param
 
 SPORT_MOVE, SPORT_STOP_MOVE = 1008, 1003  # unitree_ros2 ros2_sport_client.h: ROBOT_SPORT_API_ID_MOVE, _STOPMOVE
@@ -106,6 +108,7 @@ class Go2BridgeNode(rt.Node):
         self.params = declare(self, BridgeParams)
         self.magnitudes = declare_magnitudes(self)
         self.bridge = Executor(self.params.limits(), 1.0 / self.params.rate_hz)
+        self.clock = policy_clock(self)  # motions and the watchdog; frame ages on the node's clock
         self.lock = threading.RLock()
         self.output = TwistOutput(self) if self.params.output == "cmd_vel" else SportOutput(self)
         self.String = rt.message("std_msgs/msg/String")
@@ -130,7 +133,7 @@ class Go2BridgeNode(rt.Node):
         command = to_command(msg.action, msg.magnitude, float(msg.distance_m), float(msg.angle_rad), bool(msg.valid),
                              msg.error, self.frame_age_s(msg.frame_stamp), self.magnitudes)
         with self.lock:
-            verdict = self.bridge.command(command, time.monotonic())
+            verdict = self.bridge.command(command, self.clock())
             line = f"nav_action {msg.request_id!r}: {verdict.note}"
             if verdict.accepted:  # one severity per call site: rclpy's logger refuses a change
                 self.get_logger().info(line)
@@ -148,7 +151,7 @@ class Go2BridgeNode(rt.Node):
     def control(self) -> None:
         """One tick: send the setpoint (or the stop) due now; publish the state when it changed."""
         with self.lock:
-            setpoint, note = self.bridge.tick(time.monotonic())
+            setpoint, note = self.bridge.tick(self.clock())
             if note:
                 self.get_logger().info(note)
             if setpoint is not None:

@@ -44,6 +44,8 @@ frames older than `max_frame_age_s` end the episode ("decisions too slow") with 
 the episode's waiting time (the robot idle, waiting for a decision), decisions and time to first
 motion are logged when it ends and published latched on `~/episode` (std_msgs/String, JSON: episode,
 instruction, outcome, actions, overlap, waiting_s, waited_rounds, first_motion_s, dropped).
+With `use_sim_time` true the episode's clock is /clock (a bag replayed with `edge-llm-ros bag play
+--clock`, at any rate): frame ages and waiting in the bag's time.
 
 The node is a shell: the episode policy is nav/episode.EpisodeController (the class bench --scenario
 nav runs in simulated time), driven on the real clock by nav/live.LiveEpisodes; each deployment is
@@ -57,7 +59,7 @@ import json
 import math
 
 from edge_llm_ros import runtime as rt
-from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
+from edge_llm_ros.nodes.common import latched_qos, policy_clock, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, rss_mb
 from edge_llm_ros.nodes.navigator_deployments import DEPLOYMENTS
 from edge_llm_ros.nodes.navigator_params import NavigatorParams
@@ -77,7 +79,8 @@ class NavigatorNode(ManagedNode):
         self.outputs = NavOutputs(self)
         self.deployment = DEPLOYMENTS[p.deployment](self, p)
         self.episodes = LiveEpisodes(PolicyConfig(overlap=p.overlap, max_actions=p.max_actions,
-                                                  max_frame_age_s=p.max_frame_age_s), self.outputs)
+                                                  max_frame_age_s=p.max_frame_age_s), self.outputs,
+                                     clock=policy_clock(self))
         String = rt.message("std_msgs/msg/String")
         self.create_subscription(rt.message("sensor_msgs/msg/Image"), "/camera/image_raw", self.on_image, 2)
         self.create_subscription(rt.message("sensor_msgs/msg/CompressedImage"), "/camera/image_raw/compressed",

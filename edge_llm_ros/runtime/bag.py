@@ -653,6 +653,8 @@ def play(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Any] | None = None,
     stop: threading.Event | None = None,
+    clock_hz: float = 0.0,
+    publish_clock: Callable[[int], Any] | None = None,
 ) -> int:
     """Publish a bag's messages with their recorded timing; return how many were published.
 
@@ -664,17 +666,28 @@ def play(
     defaults to `stop.wait` (a set event cuts a long gap short), or to
     `time.sleep` without an event. With `loop`, playback restarts until
     stopped.
+
+    With `clock_hz` > 0, `publish_clock(ns)` is called every 1/clock_hz s of
+    playback, from its start to its last message, with the bag time of the
+    playback position (t_origin + elapsed * rate): what `ros2 bag play --clock`
+    publishes on /clock (rosgraph_msgs/Clock, 40 Hz by default there), the time
+    a node with `use_sim_time` runs on.
     """
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise BagError(f"rate must be a positive number, got {rate!r}")
     if not (isinstance(start_offset_s, (int, float)) and math.isfinite(start_offset_s) and start_offset_s >= 0):
         raise BagError(f"start_offset_s must be >= 0, got {start_offset_s!r}")
+    if not (isinstance(clock_hz, (int, float)) and math.isfinite(clock_hz) and clock_hz >= 0):
+        raise BagError(f"clock_hz must be a positive number (0: no clock), got {clock_hz!r}")
+    if clock_hz and publish_clock is None:
+        raise BagError("clock_hz needs publish_clock")
     selected = _select_topics(reader, topics)
     wait = sleep or (stop.wait if stop is not None else time.sleep)
     origin_ns = reader.start_ns + round(start_offset_s * 1e9)
     published = 0
     while True:
-        count = _play_once(reader, publish, selected, origin_ns, rate, clock, wait, stop)
+        ticks = _ClockTicks(publish_clock, clock_hz, origin_ns, rate) if clock_hz and publish_clock else None
+        count = _play_once(reader, publish, selected, origin_ns, rate, clock, wait, stop, ticks)
         published += count
         if not loop or count == 0 or _is_set(stop):
             return published
@@ -720,6 +733,7 @@ def _play_once(
     clock: Callable[[], float],
     wait: Callable[[float], Any],
     stop: threading.Event | None,
+    ticks: _ClockTicks | None = None,
 ) -> int:
     """One pass over the bag; returns the number of messages published."""
     started = clock()
@@ -728,14 +742,37 @@ def _play_once(
         if _is_set(stop):
             break
         due = (msg.timestamp_ns - origin_ns) / 1e9 / rate
-        remaining = due - (clock() - started)
-        if remaining > 0:
-            wait(remaining)
+        while True:  # until the message is due, the clock's ticks on their own times
+            elapsed = clock() - started
+            if ticks is not None:
+                ticks.publish_due(elapsed)
+            remaining = due - elapsed
+            if remaining <= 0:
+                break
+            step = remaining if ticks is None else min(remaining, max(0.0, ticks.next_s - elapsed))
+            wait(step)
             if _is_set(stop):
+                return count
+            if step >= remaining:  # waited until the message is due
                 break
         publish(msg.topic, msg.typename, msg.data)
         count += 1
     return count
+
+
+class _ClockTicks:
+    """`--clock`: the bag time of the playback position, every 1/hz s of playback (the first at its start)."""
+
+    def __init__(self, publish: Callable[[int], Any], hz: float, origin_ns: int, rate: float) -> None:
+        self.publish, self.period_s, self.origin_ns, self.rate = publish, 1.0 / hz, origin_ns, rate
+        self.next_s = 0.0  # playback seconds of the next tick
+
+    def publish_due(self, elapsed_s: float) -> None:
+        if elapsed_s < self.next_s - 1e-9:  # a clock that stops a rounding error short is there
+            return
+        self.publish(self.origin_ns + round(elapsed_s * self.rate * 1e9))
+        skipped = max(0, math.floor((elapsed_s - self.next_s) / self.period_s))  # after a slow publish, no burst
+        self.next_s += (skipped + 1) * self.period_s
 
 
 def _is_set(stop: threading.Event | None) -> bool:

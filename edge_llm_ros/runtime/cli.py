@@ -507,7 +507,20 @@ def cmd_bag_play(args: argparse.Namespace, s: Session) -> int:
     def publish(topic: str, _ros_type: str, data: bytes) -> None:
         publishers[topic].publish_raw(data)
 
-    count = bag.play(reader, publish, rate=args.rate, topics=set(publishers), loop=args.loop, stop=stop)
+    publish_clock = None
+    if args.clock:  # as rosbag2's player: /clock, keep last 1, best effort (rclcpp::ClockQoS)
+        from edge_llm_ros.runtime.embedded import CLOCK_TOPIC, QoSProfile
+
+        Clock = registry().message_class("rosgraph_msgs/msg/Clock")
+        clock_pub = s.node.create_publisher(Clock, CLOCK_TOPIC, QoSProfile(depth=1, reliable=False))
+
+        def publish_clock(ns: int) -> None:
+            msg = Clock()
+            msg.clock.sec, msg.clock.nanosec = divmod(ns, 1_000_000_000)
+            clock_pub.publish(msg)
+
+    count = bag.play(reader, publish, rate=args.rate, topics=set(publishers), loop=args.loop, stop=stop,
+                     clock_hz=args.clock, publish_clock=publish_clock)
     print(f"[INFO] [bag play]: published {count} messages", file=sys.stderr, flush=True)
     return EXIT_OK
 
@@ -521,6 +534,19 @@ def required_topic(text: str) -> tuple[str, str | None]:
 
 
 # ------------------------------------------------------------------ parser
+CLOCK_HZ = 40.0  # `ros2 bag play --clock` without a value (rosbag2's play verb: const=40)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
 def unsigned_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -641,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--topics", nargs="*")
     t.add_argument("-l", "--loop", action="store_true")
     t.add_argument("--wait-matching", type=float, default=3.0, help="seconds to wait for known subscribers to match")
+    t.add_argument("--clock", type=positive_float, nargs="?", const=CLOCK_HZ, default=0.0, metavar="HZ",
+                   help=f"publish the bag's time on /clock (rosgraph_msgs/Clock) HZ times a second (default "
+                        f"{CLOCK_HZ:g}, as ros2 bag play --clock), for nodes run with use_sim_time:=true")
     t.add_argument("--require", nargs="+", metavar="TOPIC[:TYPE]",
                    help="fail before publishing anything unless the bag has messages on these topics (of this type)")
     t.set_defaults(func=cmd_bag_play)

@@ -384,11 +384,50 @@ class Time:
         return registry().new("builtin_interfaces/msg/Time", sec=sec, nanosec=nanosec)
 
 
+CLOCK_TOPIC = "/clock"  # rosgraph_msgs/msg/Clock, as rclpy's TimeSource subscribes it
+
+
 class Clock:
-    """rclpy's node clock, on system time (ROS time from /clock, `use_sim_time`, is not emulated)."""
+    """rclpy's node clock (ROS time): system time, or with `use_sim_time` the last time on /clock.
+
+    As in rclpy, a node whose `use_sim_time` is true reads 0 until the first /clock arrives and then
+    the last one it received; its timers wait on that time (a timer fires when /clock passes its
+    next due time; time going backwards, a bag replayed again, restarts its period from then).
+    """
+
+    def __init__(self) -> None:
+        self._sim_ns: int | None = None  # None: system time
+        self._ticks = 0  # /clock messages received
+        self._changed = threading.Condition()
+
+    @property
+    def ros_time_is_active(self) -> bool:
+        """rclpy's name: whether the time comes from /clock."""
+        return self._sim_ns is not None
+
+    def use_ros_time(self) -> None:
+        with self._changed:
+            self._sim_ns = 0
+
+    def set_ros_time(self, nanoseconds: int) -> None:
+        """A /clock message arrived (with `use_sim_time` only)."""
+        with self._changed:
+            self._sim_ns, self._ticks = nanoseconds, self._ticks + 1
+            self._changed.notify_all()
 
     def now(self) -> Time:
-        return Time(nanoseconds=time.time_ns())
+        sim = self._sim_ns
+        return Time(nanoseconds=time.time_ns() if sim is None else sim)
+
+    def next_tick(self, seen: int, stop: threading.Event, poll_s: float = 0.1) -> tuple[int, int] | None:
+        """(ROS time.) Block until a /clock message after the ``seen``-th arrives: (its number, the
+        time); None once ``stop`` is set."""
+        with self._changed:
+            while not stop.is_set():
+                if self._ticks != seen:
+                    return self._ticks, self._sim_ns or 0
+                self._changed.wait(poll_s)
+        return None
 
 
 # ---------------------------------------------------------------- parameters
@@ -719,16 +758,38 @@ class Timer:
         self._period = period_sec
         self._callback = callback
         self._context = node.context
+        self._clock = node.get_clock()
         self._thread = threading.Thread(target=self._run, daemon=True, name="timer")
         self._thread.start()
 
     def _run(self) -> None:
+        if self._clock.ros_time_is_active:
+            self._run_on_ros_time()
+            return
         next_time = time.monotonic() + self._period
         while not self._stop.wait(max(0.0, next_time - time.monotonic())):
             if not self._context.ok():
                 return
             self._context.post(self._callback)
             next_time += self._period
+
+    def _run_on_ros_time(self) -> None:
+        """`use_sim_time`: due every period of /clock's time, as rclpy's timers on a ROS-time clock:
+        periods that a jump forward skips are not made up, and a jump backwards (a bag played again)
+        starts the period again from then."""
+        period_ns = round(self._period * 1e9)
+        seen, last = 0, self._clock.now().nanoseconds
+        due = last + period_ns
+        while (tick := self._clock.next_tick(seen, self._stop)) is not None:
+            if not self._context.ok():
+                return
+            seen, now = tick
+            if now < last:
+                due = now + period_ns
+            elif now >= due:
+                self._context.post(self._callback)
+                due = due + period_ns if now < due + period_ns else now + period_ns
+            last = now
 
     def cancel(self) -> None:
         self._stop.set()
@@ -748,7 +809,9 @@ class Node:
       its ``max_goals``; rclpy's executor gets that many threads more, here it is only counted);
     - ``emulated_links``: its topics' emulated links (runtime/link.py), made from its
       `link_emulation` parameters when it is built; every publisher on such a topic goes through
-      its link.
+      its link;
+    - ``use_sim_time`` (parameter, false): true puts the node's clock and timers on ROS time from
+      /clock (rclpy's TimeSource; `edge-llm-ros bag play --clock` publishes it).
     """
 
     single_threaded: bool = False
@@ -776,6 +839,13 @@ class Node:
         self._token = self.context.session.liveliness().declare_token(graph.node_liveliness_keyexpr(self.entity))
         self._entities: list[Any] = []
         self._clock = Clock()
+        if self.declare_parameter("use_sim_time", False).value:  # rclpy's TimeSource, on every node
+            self._clock.use_ros_time()
+            self.create_subscription(registry().message_class("rosgraph_msgs/msg/Clock"), CLOCK_TOPIC,
+                                     self._on_clock, QoSProfile(depth=1, reliable=False))
+
+    def _on_clock(self, msg: Any) -> None:
+        self._clock.set_ros_time(msg.clock.sec * 1_000_000_000 + msg.clock.nanosec)
 
     # identity
     def get_name(self) -> str:
@@ -937,7 +1007,7 @@ def _names_and_types(entries: Any) -> list[tuple[str, list[str]]]:
 
 
 __all__ = [
-    "ActionClass", "Client", "Clock", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError",
+    "CLOCK_TOPIC", "ActionClass", "Client", "Clock", "Context", "Future", "Logger", "Node", "Parameter", "ParameterError",
     "ParamsError", "Publisher", "QoSProfile", "Service", "ServiceClass", "ServiceTimeoutError", "Subscription", "Time",
     "Timer", "get_context", "shaped", "init", "ok", "shutdown", "spin", "spin_once", "spin_until_future_complete",
 ]

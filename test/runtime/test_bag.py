@@ -339,7 +339,26 @@ def test_play_default_sleep_is_cut_short_by_stop():
     assert out == [1]
 
 
+@pytest.mark.parametrize("rate", [1.0, 0.25])
+def test_play_clock_ticks_the_bag_time_of_the_playback_position(rate):
+    """`--clock` as `ros2 bag play --clock` defines it: every 1/hz s of playback, from its start to its
+    last message, the bag time at that point (the bag's start + elapsed playback * rate); the messages
+    keep their timing."""
+    clock, sent, ticks, hz = FakeClock(), [], [], 40.0
+    reader = BagReader(TALKER_BAGS[0])
+    count = play(reader, lambda *m: sent.append(clock.now - 100.0), rate=rate, clock=clock, sleep=clock.sleep,
+                 clock_hz=hz, publish_clock=lambda ns: ticks.append((clock.now - 100.0, ns)))
+    assert count == 20
+    recorded = [m.timestamp_ns for m in reader]
+    assert sent == pytest.approx([(ts - recorded[0]) / 1e9 / rate for ts in recorded], abs=1e-6)
+    assert [at for at, _ in ticks] == pytest.approx([k / hz for k in range(len(ticks))], abs=1e-6)
+    assert ticks[-1][0] <= sent[-1] + 1e-9 < ticks[-1][0] + 1 / hz
+    assert [ns for _, ns in ticks] == [reader.start_ns + round(at * rate * 1e9) for at, _ in ticks]
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"clock_hz": -1.0}, "clock_hz must be a positive"),
+    ({"clock_hz": 40.0}, "clock_hz needs publish_clock"),
     ({"rate": 0}, "rate must be a positive"),
     ({"rate": -1.0}, "rate must be a positive"),
     ({"rate": float("nan")}, "rate must be a positive"),
@@ -467,7 +486,7 @@ def test_require_topics_names_the_missing_topic_its_type_and_the_bags_topics():
     assert str(raised.value) == (
         f"bag '{NAV_BAGS / 'no_camera'}' has no /camera/image_raw (sensor_msgs/msg/Image); "
         "its topics: /edge_llm/instruction (std_msgs/msg/String, 2 messages)")
-    require_topics(BagReader(NAV_BAGS / "search"),
+    require_topics(BagReader(NAV_BAGS / "moving"),
                    {"/camera/image_raw": "sensor_msgs/msg/Image", "/edge_llm/instruction": "std_msgs/msg/String"})
 
 

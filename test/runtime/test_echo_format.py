@@ -1,187 +1,179 @@
-"""Messages as `ros2 topic echo` prints them: the expected texts are what ROS 2 Jazzy's
-rosidl_runtime_py (message_to_yaml / message_to_csv, as ros2topic's echo calls them) printed for
-the same messages after a round trip through rclpy."""
+"""Messages as `ros2 topic echo` prints them (issue 28: against the real tool, not stored text).
+
+Each case is a list of messages of one type and the options echo gets. The test builds the messages
+with our registry, serializes them to CDR, and publishes those bytes from a real rclpy publisher
+(transient local, so a late echo gets them all). A real `ros2 topic echo` (ROS 2 Jazzy's ros2topic,
+a process of its own) prints them: that is the reference. Our side deserializes the same bytes and
+prints them as `edge-llm-ros topic echo` does (runtime/echo_format.py through cmd_topic_echo's
+separators): the two texts must be equal, character for character.
+"""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import threading
+from dataclasses import dataclass, field
 
 import pytest
+from support import wait_until
 
-from edge_llm_ros.runtime.cli import CliError, field_steps
+from edge_llm_ros.runtime.cli import field_steps
 from edge_llm_ros.runtime.echo_format import TRUNCATE_LENGTH, Shown, message_to_csv, message_to_yaml, rclpy_value
 from edge_llm_ros.runtime.interfaces import registry
 
-ECHO = Shown(TRUNCATE_LENGTH)  # what `topic echo` shows with no options
+pytestmark = pytest.mark.slow  # `ros2 topic echo` processes against an rclpy publisher
 
 
-def received(name: str, **fields):
-    """The message as a subscriber gets it: through CDR (float32 values widened from their float32 bits)."""
-    reg = registry()
-    return reg.deserialize(reg.serialize(reg.new(name, **fields)), name)
+def built(name: str, **fields):
+    return registry().new(name, **fields)
 
 
-def token_chunk(**fields):
-    reg = registry()
-    header = reg.new("std_msgs/msg/Header", frame_id="base_link",
-                     stamp=reg.new("builtin_interfaces/msg/Time", sec=1700000000, nanosec=5))
-    return received("edge_llm_ros/msg/TokenChunk", header=header, request_id="r-1", round=3, token_ids=[1, -2, 3],
-                    text='say: "hi" it\'s', probs=[0.5, 0.1], done=True, finish_reason="eos", **fields)
+def stamp(sec: int, nanosec: int):
+    return built("builtin_interfaces/msg/Time", sec=sec, nanosec=nanosec)
 
 
-def test_a_nested_message_in_field_order_block_style():
-    assert message_to_yaml(token_chunk(), ECHO) == """\
-header:
-  stamp:
-    sec: 1700000000
-    nanosec: 5
-  frame_id: base_link
-request_id: r-1
-round: 3
-token_ids:
-- 1
-- -2
-- 3
-text: 'say: "hi" it''s'
-probs:
-- 0.5
-- 0.10000000149011612
-done: true
-finish_reason: eos
-error: ''
-status:
-  code: 0
-"""
+def token_chunks() -> list:
+    header = built("std_msgs/msg/Header", frame_id="base_link", stamp=stamp(1700000000, 5))
+    return [
+        built("edge_llm_ros/msg/TokenChunk", header=header, request_id="r-1", round=3, token_ids=[1, -2, 3],
+              text='say: "hi" it\'s', probs=[0.5, 0.1], done=True, finish_reason="eos"),
+        built("edge_llm_ros/msg/TokenChunk", request_id="r-2", text="two\nlines"),
+        built("edge_llm_ros/msg/TokenChunk", token_ids=list(range(130)), text="x" * 130, probs=[0.25] * 129),
+    ]
 
 
-def test_empty_sequences_multiline_strings_and_floats():
-    chunk = received("edge_llm_ros/msg/TokenChunk", request_id="r-2", text="two\nlines")
-    assert message_to_yaml(chunk, ECHO) == """\
-header:
-  stamp:
-    sec: 0
-    nanosec: 0
-  frame_id: ''
-request_id: r-2
-round: 0
-token_ids: []
-text: 'two
-
-  lines'
-probs: []
-done: false
-finish_reason: ''
-error: ''
-status:
-  code: 0
-"""
-    stats = received("edge_llm_ros/msg/InferenceStats", node_name="draft_node", mode="ee", tokens=42,
-                     tokens_per_s=12.3, ttft_s=1e-5, tau=2.5, acceptance_rate=math.nan, avg_exit_layer=-0.0)
-    lines = message_to_yaml(stats, ECHO).splitlines()
-    for line in ("node_name: draft_node", "request_id: ''", "tokens: 42", "tokens_per_s: 12.300000190734863",
-                 "ttft_s: 9.999999747378752e-06", "tau: 2.5", "acceptance_rate: .nan", "draft_time_s: 0.0",
-                 "avg_exit_layer: -0.0"):
-        assert line in lines, (line, lines)
+@dataclass
+class Case:
+    name: str
+    ros_type: str
+    messages: list
+    options: list[str] = field(default_factory=list)
 
 
-def test_messages_nested_two_deep_and_string_sequences():
-    reg = registry()
-    nav = received("edge_llm_ros/msg/NavAction", request_id="n", frame_stamp=reg.new(
-        "builtin_interfaces/msg/Time", sec=3, nanosec=5), action="turn_left", magnitude="small", angle_rad=1.5,
-        valid=True, raw_text="- turn left: 90°")
-    assert message_to_yaml(nav, ECHO).split("frame_id: ''\n")[1] == """\
-request_id: n
-frame_stamp:
-  sec: 3
-  nanosec: 5
-action: turn_left
-magnitude: small
-distance_m: 0.0
-angle_rad: 1.5
-reason: ''
-confidence: 0.0
-latency_s: 0.0
-valid: true
-raw_text: '- turn left: 90°'
-error: ''
-"""
-    twist = received("geometry_msgs/msg/TwistStamped", twist=reg.new(
-        "geometry_msgs/msg/Twist", angular=reg.new("geometry_msgs/msg/Vector3", z=0.75)))
-    assert message_to_yaml(twist, ECHO).split("frame_id: ''\n")[1] == """\
-twist:
-  linear:
-    x: 0.0
-    y: 0.0
-    z: 0.0
-  angular:
-    x: 0.0
-    y: 0.0
-    z: 0.75
-"""
-    plan = received("edge_llm_ros/msg/Plan", mode="tree", stage_layer_begin=[0, 15], stage_layer_end=[15, 30],
-                    stage_nodes=["edge", "cloud"])
-    assert "\nstage_layer_end:\n- 15\n- 30\nstage_nodes:\n- edge\n- cloud\nprefill_chunks: []\n" in \
-        message_to_yaml(plan, ECHO)
+CASES = [
+    Case("chunk", "edge_llm_ros/msg/TokenChunk", token_chunks()),
+    Case("chunk_full", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--full-length"]),
+    Case("chunk_l5", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--truncate-length", "5"]),
+    Case("chunk_flow", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--flow-style"]),
+    Case("chunk_no", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--no-arr", "--no-str"]),
+    Case("chunk_csv", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--csv"]),
+    Case("chunk_ids", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--field", "token_ids"]),
+    Case("chunk_probs", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--field", "probs"]),
+    Case("chunk_frame", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--field", "header.frame_id"]),
+    Case("chunk_done", "edge_llm_ros/msg/TokenChunk", token_chunks(), ["--field", "done"]),
+    Case("stats", "edge_llm_ros/msg/InferenceStats", [built(
+        "edge_llm_ros/msg/InferenceStats", node_name="draft_node", mode="ee", tokens=42, tokens_per_s=12.3,
+        ttft_s=1e-5, tau=2.5, acceptance_rate=math.nan, avg_exit_layer=-0.0)]),
+    Case("nav", "edge_llm_ros/msg/NavAction", [built(
+        "edge_llm_ros/msg/NavAction", request_id="n", frame_stamp=stamp(3, 5), action="turn_left", magnitude="small",
+        angle_rad=1.5, valid=True, raw_text="- turn left: 90°")]),
+    Case("twist", "geometry_msgs/msg/TwistStamped", [built("geometry_msgs/msg/TwistStamped", twist=built(
+        "geometry_msgs/msg/Twist", angular=built("geometry_msgs/msg/Vector3", z=0.75)))]),
+    Case("plan", "edge_llm_ros/msg/Plan", [built(
+        "edge_llm_ros/msg/Plan", mode="tree", stage_layer_begin=[0, 15], stage_layer_end=[15, 30],
+        stage_nodes=["edge", "cloud"])]),
+    Case("strings", "std_msgs/msg/String",
+         [built("std_msgs/msg/String", data=t) for t in ("hello", "yes", "", "123", "a: b", "é", "null", "- x")]),
+    Case("empty", "std_msgs/msg/Empty", [built("std_msgs/msg/Empty")]),
+    Case("byte", "std_msgs/msg/Byte", [built("std_msgs/msg/Byte", data=65), built("std_msgs/msg/Byte", data=1)]),
+    Case("byte_field", "std_msgs/msg/Byte", [built("std_msgs/msg/Byte", data=65)], ["--field", "data"]),
+    Case("bytes", "std_msgs/msg/ByteMultiArray", [built("std_msgs/msg/ByteMultiArray", data=[1, 65])]),
+    Case("bytes_csv", "std_msgs/msg/ByteMultiArray", [built("std_msgs/msg/ByteMultiArray", data=[1, 65])], ["--csv"]),
+]
 
 
-def test_strings_quoted_only_where_yaml_needs_it():
-    shown = {text: message_to_yaml(received("std_msgs/msg/String", data=text)) for text in
-             ("hello", "yes", "", "123", "a: b", "é")}
-    assert shown == {"hello": "data: hello\n", "yes": "data: 'yes'\n", "": "data: ''\n", "123": "data: '123'\n",
-                     "a: b": "data: 'a: b'\n", "é": "data: é\n"}
+def option(options: list[str], name: str) -> str | None:
+    return options[options.index(name) + 1] if name in options else None
 
 
-def test_empty_messages_and_bytes():
-    assert message_to_yaml(received("std_msgs/msg/Empty")) == "{}\n"
-    assert message_to_yaml(received("std_msgs/msg/Byte", data=65)) == "data: A\n"
-    assert message_to_yaml(received("std_msgs/msg/ByteMultiArray", data=[1, 65])) == \
-        'layout:\n  dim: []\n  data_offset: 0\ndata:\n- "\\x01"\n- A\n'
+def ours(case: Case, data: list[bytes]) -> str:
+    """What `edge-llm-ros topic echo` prints for these bytes (cmd_topic_echo's show())."""
+    o = case.options
+    length = option(o, "--truncate-length")
+    shown = Shown(None if "--full-length" in o else int(length) if length else TRUNCATE_LENGTH,
+                  "--no-arr" in o, "--no-str" in o)
+    steps = field_steps(case.ros_type, option(o, "--field"))
+    out = []
+    for raw in data:
+        value = registry().deserialize(raw, case.ros_type)
+        if steps:
+            for name, _ in steps:
+                value = getattr(value, name)
+            out.append(f"{rclpy_value(steps[-1][1], value)}\n---\n")
+        elif "--csv" in o:
+            out.append(message_to_csv(value, shown) + "\n")
+        else:
+            out.append(message_to_yaml(value, shown, "--flow-style" in o) + "---\n")
+    return "".join(out)
 
 
-def test_long_sequences_and_strings_are_cut_at_the_truncate_length():
-    chunk = received("edge_llm_ros/msg/TokenChunk", token_ids=list(range(130)), text="x" * 130)
-    text = message_to_yaml(chunk, ECHO)
-    assert "\n- 127\n- '...'\ntext: " + "x" * 128 + "...\nprobs: []\n" in text
-    assert "\n- 129\ntext: " + "x" * 130 + "\n" in message_to_yaml(chunk)  # --full-length
+class Echo:
+    """A real `ros2 topic echo` process; its stdout as it comes."""
+
+    def __init__(self, topic: str, case: Case, env: dict) -> None:
+        qos = ["--qos-durability", "transient_local", "--qos-reliability", "reliable", "--qos-depth",
+               str(len(case.messages))]
+        self.popen = subprocess.Popen(["ros2", "topic", "echo", "--no-daemon", *qos, *case.options, topic,
+                                       case.ros_type], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env, start_new_session=True)
+        self.text, self.lock = "", threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while chunk := self.popen.stdout.read(1):
+            with self.lock:
+                self.text += chunk
+
+    def printed(self) -> str:
+        with self.lock:
+            return self.text
+
+    def stop(self) -> str:
+        self.popen.terminate()
+        try:
+            self.popen.wait(20)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+        return self.popen.stderr.read()
 
 
-def test_flow_style_no_arr_no_str_and_csv():
-    chunk = token_chunk()
-    flow = message_to_yaml(chunk, ECHO, flow_style=True)
-    assert "\nround: 3\ntoken_ids: [1, -2, 3]\n" in flow and "\nprobs: [0.5, 0.10000000149011612]\n" in flow
-    assert flow.startswith("header:\n  stamp:\n    sec: 1700000000\n")  # messages stay in block style
-    assert message_to_yaml(chunk, Shown(TRUNCATE_LENGTH, no_arr=True, no_str=True)).split("nanosec: 5\n")[1] == """\
-  frame_id: '<string length: <9>>'
-request_id: '<string length: <3>>'
-round: 3
-token_ids: '<sequence type: int32, length: 3>'
-text: '<string length: <14>>'
-probs: '<sequence type: float, length: 2>'
-done: true
-finish_reason: '<string length: <3>>'
-error: '<string length: <0>>'
-status:
-  code: 0
-"""
-    assert message_to_csv(chunk, ECHO) == \
-        "1700000000,5,base_link,r-1,3,1,-2,3,say: \"hi\" it's,0.5,0.10000000149011612,True,eos,,0"
-    assert message_to_csv(received("edge_llm_ros/msg/TokenChunk", request_id="r-2", text="two\nlines"), ECHO) == \
-        "0,0,,r-2,0,,two\nlines,,False,,,0"
-    # ros2 adds no comma after an empty start: the empty layout.dim leaves no trace
-    assert message_to_csv(received("std_msgs/msg/ByteMultiArray", data=[1, 65]), ECHO) == "0,b'\\x01',b'A'"
+@pytest.mark.timeout(300)
+def test_echo_prints_what_the_real_ros2_topic_echo_prints(rclpy_host, ros2_env):
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from rclpy.serialization import deserialize_message
 
-
-def test_field_values_print_as_rclpy_holds_them():
-    chunk = token_chunk()
-    shown = {}
-    for path in ("token_ids", "probs", "text", "done", "header.frame_id"):
-        steps = field_steps("edge_llm_ros/msg/TokenChunk", path)
-        value = chunk
-        for name, _ in steps:
-            value = getattr(value, name)
-        shown[path] = str(rclpy_value(steps[-1][1], value))
-    assert shown == {"token_ids": "array('i', [1, -2, 3])", "probs": "array('f', [0.5, 0.10000000149011612])",
-                     "text": 'say: "hi" it\'s', "done": "True", "header.frame_id": "base_link"}
-    assert str(rclpy_value(field_steps("std_msgs/msg/Byte", "data")[0][1], 65)) == "b'A'"
-    with pytest.raises(CliError, match="'text' is no message, it has no field 'x'"):
-        field_steps("edge_llm_ros/msg/TokenChunk", "text.x")
+    node = rclpy_host.Node("echo_format_source")
+    env = {**ros2_env, **rclpy_host.child_env, "PYTHONUNBUFFERED": "1"}
+    echoes, publishers = {}, []
+    try:
+        for case in CASES:
+            topic = f"/echo_format/{case.name}"
+            data = [bytes(registry().serialize(m, case.ros_type)) for m in case.messages]
+            cls = rclpy_host.message(case.ros_type)
+            qos = QoSProfile(depth=len(data), durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                             reliability=ReliabilityPolicy.RELIABLE)
+            pub = node.create_publisher(cls, topic, qos)
+            publishers.append(pub)
+            for raw in data:
+                pub.publish(deserialize_message(raw, cls))
+            echoes[case.name] = (Echo(topic, case, env), ours(case, data), case)
+        for name, (echo, want, _) in echoes.items():
+            try:  # as much text as ours, or the echo ended; a shorter text fails below, with both shown
+                wait_until(lambda e=echo, w=want: len(e.printed()) >= len(w) or e.popen.poll() is not None, 120,
+                           f"ros2 topic echo of case {name}", interval=0.1)
+            except AssertionError:
+                pass
+        for name, (echo, want, case) in echoes.items():
+            errors = echo.stop()
+            assert echo.printed() == want, \
+                f"case {name} {case.options}: ros2 printed\n{echo.printed()!r}\nours\n{want!r}\n{errors}"
+    finally:
+        for echo, _, _ in echoes.values():
+            if echo.popen.poll() is None:
+                echo.stop()
+        for pub in publishers:
+            node.destroy_publisher(pub)
+        rclpy_host.executor.remove_node(node)
+        node.destroy_node()
