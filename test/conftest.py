@@ -87,6 +87,16 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
+def references():
+    """Independent greedy references (test/references.py: llama.cpp's own and transformers' own
+    decoding of the same weights), computed in this process and cached for the session."""
+    import references as refs
+
+    yield refs
+    refs.close()
+
+
+@pytest.fixture(scope="session")
 def router_endpoint():
     """A Zenoh router on a free loopback port for the whole test session; exported to children."""
     from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable

@@ -6,8 +6,8 @@
   bytes over bandwidth, the runtime's cost per message); a sender's messages stay in order on its
   link (a large prefill chunk is not overtaken by a small one sent after it).
 - Simulated rows on a tiny model (saved to a temporary folder, as test/core/test_pipeline.py does):
-  every mode lossless against the engine's ar, the fields of the report's shape; D0 sharing stage
-  0's core costs Chunk-PP nothing (it drafts while every stage waits for the draft).
+  every mode lossless against transformers' own greedy generate on the same weights, the fields of
+  the report's shape; D0 sharing stage 0's core costs Chunk-PP nothing (it drafts while every stage waits for the draft).
 - The report: its JSON shape, the comparisons (error per mode, flagged beyond 15%), the targets
   (met or missed, as computed from the rows), and the table.
 """
@@ -19,9 +19,8 @@ import json
 
 import numpy as np
 import pytest
+from references import hf_greedy
 
-from edge_llm_ros.core.engine.config import preset
-from edge_llm_ros.core.engine.decoding import generate_all
 from edge_llm_ros.core.engine.drafters import ModelDrafter
 from edge_llm_ros.core.engine.models import load_model, tiny_llama
 from edge_llm_ros.core.pipeline.schedulers import PipelineAR
@@ -75,9 +74,9 @@ def tiny(tmp_path_factory):
     tiny_llama(vocab_size=64, hidden_size=32, num_layers=5, seed=3).hf.save_pretrained(folder)
     target = load_model(folder, with_tokenizer=False)
     profile = LayerProfile.measure(target, rows=(1, 8, 32), cached=(0, 64), repeats=1)
-    references = [generate_all(target, p, preset("ar", max_new_tokens=NEW_TOKENS)).tokens for p in PROMPTS]
+    references = [hf_greedy(target, p, NEW_TOKENS) for p in PROMPTS]  # transformers' own greedy generate
     long_ids = list(range(1, 41))
-    first = generate_all(target, long_ids, preset("ar", max_new_tokens=1)).tokens[0]
+    first = hf_greedy(target, long_ids, 1)[0]
     return bp.Setup(target, folder, ModelDrafter(target.truncated(2)), profile, [range(0, 2), range(2, 5)],
                     [BenchPrompt(f"p{i}", "robot", "") for i in range(len(PROMPTS))], PROMPTS, references, "",
                     long_ids, first, draft_s=0.004, draft_call_s=0.001)

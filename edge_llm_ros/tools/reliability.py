@@ -51,6 +51,7 @@ from edge_llm_ros.tools.reliability_fleet import (
     Fleet,
     References,
     exact,
+    output,
 )
 
 ROUTER = "zenoh_router"
@@ -171,7 +172,7 @@ def fuzz_phase(deployment: Deployment, fleet: Fleet, references: References, mes
         "warm_up_messages": warm.sent,
         "publish_s": burst.publish_s,
         "live_goal_exact": exact(live, references),
-        "live_goal": {"status": live.status, "reason": live.reason, "error": live.error},
+        "live_goal": {**output(live), "reason": live.reason, "error": live.error},
         "owed_answers": len(burst.owed),
         "unanswered": len(unanswered),
         "wrong_errors": wrong,
@@ -208,6 +209,7 @@ def overload_phase(fleet: Fleet, references: References, goals: int, goal_deadli
         "hangs": sum(r.hung for r in accepted),
         "failed": [{"status": r.status, "reason": r.reason, "error": r.error} for r in accepted
                    if not exact(r, references)],
+        "outputs": [output(r) for r in accepted],
         "max_wall_s": max((r.wall_s for r in accepted), default=0.0),
     }
 
@@ -238,7 +240,7 @@ def fault_phase(deployment: Deployment, fleet: Fleet, references: References, na
         "recovery_s": None if recovered_at is None else recovered_at - killed_at,
         "restart_s": restart_s,
         "attempts": attempts,
-        "last": {"status": last.status if last else None, "reason": last.reason if last else "",
+        "last": {**(output(last) if last else {"status": None}), "reason": last.reason if last else "",
                  "error": last.error if last else ""},
     }
 

@@ -211,3 +211,8 @@ class References:
 
 def exact(run: GoalRun, references: References) -> bool:
     return run.status == Status.OK and run.tokens == references(run.prompt, run.max_new_tokens)
+
+
+def output(run: GoalRun) -> dict:
+    """What a goal asked and returned, for the report (a test compares it with its own reference)."""
+    return {"prompt": run.prompt, "max_new_tokens": run.max_new_tokens, "status": run.status, "tokens": run.tokens}

@@ -1,16 +1,5 @@
-"""The reference the engine is checked against: transformers' own greedy generate."""
+"""The reference the engine is checked against: transformers' own greedy generate (test/references.py)."""
 
-import torch
+from references import hf_greedy
 
-
-def hf_greedy(model, prompt, max_new_tokens):
-    """Reference: transformers' own greedy generate on the same weights."""
-    with torch.inference_mode():
-        out = model.hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+__all__ = ["hf_greedy"]

@@ -3,15 +3,20 @@ interleaved server.
 
 Exactness: 16 concurrent greedy requests on SmolLM2's GGUF, prompts of equal lengths among them
 (so sibling sequences hold different tokens at the same positions), each equal token for token
-to its solo decoding; requests that join while others run, and requests with their own sampling
-settings, seeds, stop strings and limits in one batch, each equal to the same request alone. A
-cancelled request leaves and frees its sequence; admission beyond capacity fails at once with
+to llama.cpp's own greedy decoding of the same GGUF (llama-cpp-python's ``Llama.generate``, EOS
+included where it comes first: test/references.py); requests that join while others run, and
+requests with their own stop strings and limits in one batch, each equal to that reference too;
+sampled requests in a batch each equal the same request with the same seed decoded alone (the
+engine on its own one-sequence context); interleaved torch requests equal transformers' own
+greedy generate (greedy modes) or the same request alone (sampled). A cancelled request leaves
+and frees its sequence; admission beyond capacity fails at once with
 BusyError; a prompt over the context window is refused with the limit.
 """
 
 from __future__ import annotations
 
 import pytest
+from references import hf_greedy
 
 from edge_llm_ros.core.engine.batching import BatchServer, BusyError, EngineServer, LlamaBatch, ServerClosedError
 from edge_llm_ros.core.engine.config import preset
@@ -46,12 +51,18 @@ def prompts(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def solo(tokenizer, prompts):
-    """Each prompt decoded alone by the engine on llama.cpp (its own one-sequence context)."""
+def solo(prompts, references):
+    """Each prompt's reference: llama.cpp's own greedy decoding of the GGUF, NEW_TOKENS or up to EOS."""
+    return [references.llama_greedy(ids, NEW_TOKENS) for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def alone(tokenizer):
+    """alone(prompt ids, config): the engine's output for one request decoded by itself on llama.cpp
+    (its own one-sequence context, no batch)."""
     lm = load_llama_cpp(n_ctx=512, n_threads=1, tokenizer=tokenizer)
-    out = [generate_all(lm, ids, preset("ar", max_new_tokens=NEW_TOKENS)).tokens for ids in prompts]
+    yield lambda ids, config: generate_all(lm, ids, config).tokens
     lm.close()
-    return out
 
 
 def finished(streams):
@@ -71,22 +82,23 @@ def test_sixteen_concurrent_requests_each_equal_their_solo_output(batch, prompts
         server.close()
 
 
-def test_requests_joining_a_running_batch_and_their_own_settings(batch, prompts, solo):
+def test_requests_joining_a_running_batch_and_their_own_settings(batch, prompts, solo, alone):
     server = BatchServer(batch, max_pending=4)
     try:
         first = server.submit(prompts[0], preset("ar", max_new_tokens=NEW_TOKENS))
         assert first.next_tokens(TIMEOUT)  # running when the others join
         greedy_short = server.submit(prompts[1], preset("ar", max_new_tokens=5))
-        sampled = [server.submit(prompts[2], preset("ar", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9,
-                                                     seed=seed)) for seed in (7, 7, 8)]
+        sampling = [preset("ar", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=seed)
+                    for seed in (7, 7, 8)]
+        sampled = [server.submit(prompts[2], config) for config in sampling]
         stop = batch.tokenizer.decode(solo[3][4:6])
         stopped = server.submit(prompts[3], preset("ar", max_new_tokens=NEW_TOKENS, stop_strings=(stop,)))
         finished([first, greedy_short, *sampled, stopped])
         assert first.tokens == solo[0]
         assert greedy_short.tokens == solo[1][:5] and greedy_short.stats.finish_reason == "length"
-        assert sampled[0].tokens == sampled[1].tokens != sampled[2].tokens  # the seed decides, not the neighbours
-        alone = server.submit(prompts[2], preset("ar", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=7))
-        assert finished([alone])[0].tokens == sampled[0].tokens
+        # the seed decides, not the neighbours: each equals its request decoded alone
+        assert [s.tokens for s in sampled] == [alone(prompts[2], config) for config in sampling]
+        assert sampled[0].tokens != sampled[2].tokens and len(sampled[0].tokens) > 0
         assert stopped.stats.finish_reason == "stop" and stopped.tokens == solo[3][: len(stopped.tokens)]
         assert stop in batch.tokenizer.decode(stopped.tokens) and len(stopped.tokens) < NEW_TOKENS
     finally:
@@ -176,11 +188,14 @@ def test_engine_server_runs_a_llama_cpp_models_requests_one_at_a_time_each_equal
 
 
 def test_engine_server_interleaves_requests_on_torch_each_equal_to_solo(tiny, tiny_drafters):
+    """Greedy requests (ar, sd, tree) equal transformers' own greedy generate on the same weights;
+    the sampled one equals the same request (its seed) decoded alone."""
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
     configs = [preset("ar", max_new_tokens=12), preset("sd", max_new_tokens=12, gamma=3),
                preset("tree", max_new_tokens=10), preset("sd", max_new_tokens=8, temperature=0.9, seed=3)]
     drafter = tiny_drafters["shallow"]
-    alone = [generate_all(tiny, p, c, drafter if c.mode != "ar" else None).tokens for p, c in zip(prompts, configs)]
+    alone = [hf_greedy(tiny, p, c.max_new_tokens) if c.greedy else generate_all(tiny, p, c, drafter).tokens
+             for p, c in zip(prompts, configs)]
     server = EngineServer(tiny, drafter, max_requests=4, max_pending=0)
     try:
         assert server.kind == "interleaved"

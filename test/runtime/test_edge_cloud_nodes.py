@@ -2,8 +2,8 @@
 its own process with SmolLM2, the shipped draft and exits, on the session's Zenoh router over the
 emulated link of config/edge_cloud.yaml (25 ms one-way each way: 50 ms RTT, 100 Mbit/s).
 
-The streamed text must be the target's plain greedy output (computed here with core generate_all,
-mode ar) in every edge mode, also when VerifyResults come twice, late or out of order; draft_node
+The streamed text must be the target's plain greedy output (transformers' own greedy generate on
+SmolLM2's weights, computed in this process: test/references.py) in every edge mode, also when VerifyResults come twice, late or out of order; draft_node
 publishes per-request and periodic aggregate InferenceStats; an unknown goal mode aborts that goal
 only; a verifier killed mid-run must make the goal abort with a clear error within timeout_s.
 The shared deployment drafts on torch (draft_backend:=torch); a second draft_node drafting on
@@ -60,34 +60,18 @@ def node_cmd(module: str, *params: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def target():
-    """SmolLM2 in this process, on one thread as the nodes run it."""
+def greedy(references):
+    """greedy(prompt, max_new_tokens): transformers' own greedy generate on SmolLM2's weights (in this
+    process, on one thread as the nodes run it; cached for the session)."""
     import torch
 
-    from edge_llm_ros.core.engine.models import load_model
-
     torch.set_num_threads(1)
-    return load_model()
-
-
-@pytest.fixture(scope="module")
-def greedy(target):
-    """greedy(prompt, max_new_tokens): the target's plain greedy output, computed here once per pair."""
-    from edge_llm_ros.core.engine.config import GenerationConfig
-    from edge_llm_ros.core.engine.decoding import generate_all
-    from edge_llm_ros.core.engine.models import chat_prompt
-
-    done: dict[tuple[str, int], Reference] = {}
+    ref = references.Greedy("torch")
 
     def run(prompt: str, max_new_tokens: int) -> Reference:
-        if (prompt, max_new_tokens) not in done:
-            tokens = generate_all(target, chat_prompt(target.tokenizer, prompt),
-                                  GenerationConfig(mode="ar", max_new_tokens=max_new_tokens)).tokens
-            text = target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            reason = "eos" if tokens and tokens[-1] == target.tokenizer.eos_token_id else "length"
-            assert reason == "eos" or len(tokens) == max_new_tokens
-            done[prompt, max_new_tokens] = Reference(tokens, text, reason)
-        return done[prompt, max_new_tokens]
+        reason = ref.finish_reason(prompt, max_new_tokens)
+        assert reason == "eos" or len(ref.tokens(prompt, max_new_tokens)) == max_new_tokens
+        return Reference(ref.tokens(prompt, max_new_tokens), ref.text(prompt, max_new_tokens), reason)
 
     return run
 
@@ -438,15 +422,13 @@ def test_every_mode_streams_the_target_greedy_output_64_tokens(nodes, greedy, mo
 
 
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
-def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy, target):
+def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy, references):
     """A probe on the wire repeats, for the live request, each final VerifyResult right after it
     (duplicate), the previous round's final (stale) and the round's early outcomes (overtaken by
     their final). The output stays the greedy one; draft_node logs what it ignored."""
-    from edge_llm_ros.core.engine.models import chat_prompt
-
     _, draft, probe, llm, host = nodes
     prompt = PROMPTS[0]
-    ids, draft_sub = watch_request_ids(host, probe, chat_prompt(target.tokenizer, prompt))
+    ids, draft_sub = watch_request_ids(host, probe, list(references.chat_ids(prompt)))
     lock = threading.Lock()
     early: dict[int, list] = defaultdict(list)  # round -> its early outcomes, as first seen
     seen_early: set[tuple[int, int]] = set()  # (round, exit layer)
@@ -511,15 +493,13 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
 
 
 @pytest.mark.timeout(360)
-def test_stats_per_request_and_periodic_aggregate(nodes, greedy, target):
+def test_stats_per_request_and_periodic_aggregate(nodes, greedy, references):
     """A goal whose greedy answer stops at EOS, in sd: the output ends with the EOS token, and
     `stats` carries that request's InferenceStats, then (the next stats_period_s tick) the aggregate."""
-    from edge_llm_ros.core.engine.models import chat_prompt
-
     _, _, probe, llm, host = nodes
     ref = greedy(EOS_PROMPT, LONG)
     assert ref.finish_reason == "eos" and len(ref.tokens) < LONG
-    ids, draft_sub = watch_request_ids(host, probe, chat_prompt(target.tokenizer, EOS_PROMPT))
+    ids, draft_sub = watch_request_ids(host, probe, list(references.chat_ids(EOS_PROMPT)))
     received: list[tuple[float, object]] = []
     stats_sub = probe.create_subscription(host.message("edge_llm_ros/msg/InferenceStats"), "stats",
                                           lambda msg: received.append((time.monotonic(), msg)), 100)

@@ -1,7 +1,8 @@
 """VerifierLink (nodes/edge_link.py), the robot's end of the edge-cloud link, over a scripted wire to
 an in-process verifier on tiny random models: round 0 is resent until the verifier answers anything
 (a verifier that has just started may not have matched the robot's writer), and the output stays the
-target's greedy one whether the first copy is lost or arrives late beside the resent one.
+target's greedy one (transformers' own generate on the same weights) whether the first copy is lost
+or arrives late beside the resent one.
 Through processes: test_edge_cloud_nodes (a killed verifier, then a new one, serves the next goal)."""
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import queue
 import threading
 
 import pytest
+from references import hf_greedy
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.core.drafts.exits import build_exits
 from edge_llm_ros.core.edge_cloud import DraftRequest, EarlyExitDrafter, EarlyExitVerifier, VerifyOutcome
 from edge_llm_ros.core.engine.config import GenerationConfig
-from edge_llm_ros.core.engine.decoding import generate_all
 from edge_llm_ros.core.engine.drafters import ModelDrafter
 from edge_llm_ros.core.engine.models import tiny_llama
 from edge_llm_ros.nodes.edge_link import VerifierLink
@@ -126,7 +127,7 @@ class Wire:
 def models():
     target = tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_context=128, seed=0)
     exits = build_exits(target, (1, 2), bottleneck=8)
-    greedy = generate_all(target, PROMPT, GenerationConfig(max_new_tokens=CONFIG.max_new_tokens)).tokens
+    greedy = hf_greedy(target, PROMPT, CONFIG.max_new_tokens)
     return target, exits, greedy
 
 

@@ -1,9 +1,11 @@
 """serve_node through real processes (issue 12): SmolLM2 on llama.cpp, `ar` with continuous batching.
 
-The instruction topic and the generate action answer with the text `edge-llm-ros generate` prints
-for the same prompt (llama.cpp, ar, greedy), in stamped TokenChunks whose last one is done. Eight
-concurrent goals with their own lengths, seeds and temperatures: the greedy ones equal their solo
-outputs, equal seeds give equal samples, a cancelled goal frees its slot and the others go on. A
+The instruction topic and the generate action answer with llama.cpp's own greedy decoding of the
+same GGUF (llama-cpp-python's ``Llama.generate`` in this process: test/references.py), token ids and
+text, in stamped TokenChunks whose last one is done. Eight concurrent goals with their own lengths,
+seeds and temperatures: the greedy ones equal that reference, each sampled one equals the same
+request (its seed) decoded alone by the engine in this process, a cancelled goal frees its slot and
+the others go on. A
 client that dies mid-goal frees its slot. Bad input: a prompt over the context window and an
 unknown mode abort that goal with the reason; 50 goals at once with capacity 8 are refused as
 busy beyond it and the accepted ones all finish; a malformed plan is refused and the old one stays.
@@ -23,7 +25,7 @@ import time
 
 import pytest
 from hosts import BACKENDS, host_for
-from support import REPO, Proc, cli, generate_cli, setup_budget, stamped_now, wait_until
+from support import REPO, Proc, cli, setup_budget, stamped_now, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient, NoAnswer
@@ -52,20 +54,31 @@ def no_plan(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def solo():
-    """solo(prompt, n): the engine's greedy output alone on llama.cpp (token ids)."""
+def greedy(references):
+    """llama.cpp's own greedy decoding of the GGUF: .tokens(prompt, n), .text(prompt, n)."""
+    return references.Greedy("llama.cpp")
+
+
+@pytest.fixture(scope="module")
+def solo(greedy):
+    """solo(prompt, n): the reference's token ids for ``prompt`` (chat template applied), n or up to EOS."""
+    return greedy.tokens
+
+
+@pytest.fixture(scope="module")
+def alone():
+    """alone(prompt, **goal): a sampled goal's token ids decoded alone by the engine on llama.cpp in this
+    process (its own one-sequence context), with the settings serve_node maps the goal onto."""
     from edge_llm_ros.core.engine.config import preset
     from edge_llm_ros.core.engine.decoding import generate_all
     from edge_llm_ros.core.engine.llama_backend import load_llama_cpp
     from edge_llm_ros.core.engine.models import chat_prompt
 
     lm = load_llama_cpp(n_ctx=CONTEXT, n_threads=1)
-    done: dict = {}
 
-    def run(prompt: str, n: int) -> list[int]:
-        if (prompt, n) not in done:
-            done[prompt, n] = generate_all(lm, chat_prompt(lm.tokenizer, prompt), preset("ar", max_new_tokens=n)).tokens
-        return done[prompt, n]
+    def run(prompt: str, max_new_tokens: int, temperature: float, seed: int, top_k: int = 0) -> list[int]:
+        config = preset("ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+        return generate_all(lm, chat_prompt(lm.tokenizer, prompt), config).tokens
 
     yield run
     lm.close()
@@ -93,11 +106,10 @@ def server(request, router_endpoint, no_plan):
 
 
 @pytest.mark.parametrize("server", BACKENDS, indirect=True)
-@pytest.mark.timeout(480)  # generate_cli: up to 300 s
-def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
+def test_instruction_and_goal_answer_with_llama_cpp_greedy_text(server, solo, greedy):
     proc, probe, llm, host = server
 
-    expected = generate_cli(PROMPTS[0], 32)
+    expected = greedy.text(PROMPTS[0], 32)
     chunks, done = [], threading.Event()
 
     def on_chunk(msg) -> None:
@@ -132,7 +144,7 @@ def test_instruction_and_goal_answer_with_the_generate_cli_text(server, solo):
     assert stats.tokens_per_s > 0 and 0 < stats.ttft_s < 60 and abs(stats.stamp - time.time()) < 120
 
 
-def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo):
+def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo, alone):
     proc, probe, llm, host = server
     greedy = [(PROMPTS[i], n) for i, n in zip(range(4), (8, 16, 24, 32))]
     sampled = [dict(temperature=0.8, top_k=40, seed=5), dict(temperature=0.8, top_k=40, seed=5),
@@ -152,8 +164,8 @@ def test_eight_concurrent_goals_each_keep_their_own_settings(server, solo):
     for (prompt, n), result in zip(greedy, results):
         assert result.token_ids == solo(prompt, n)
     a, b, c = results[4:]
-    assert a.token_ids == b.token_ids and len(a.token_ids) > 0  # the same seed, the same sample
-    assert c.token_ids != a.token_ids
+    assert a.token_ids == b.token_ids == alone(PROMPTS[4], 16, **sampled[0])  # the seed decides, not the batch
+    assert c.token_ids == alone(PROMPTS[4], 16, **sampled[2]) != a.token_ids and len(a.token_ids) > 0
     assert late.result().token_ids == solo(PROMPTS[2], 12)
 
 

@@ -2,8 +2,8 @@
 (layers 0-10 and 11-29) on the embedded runtime, this test acting as the scheduler.
 
 - A chat prompt in two pipelined prefill chunks into stage_0/in (the second sent before the first
-  comes out), then one token per message: the argmax ids on stage_2/in are the engine's `ar`
-  tokens (core generate_all on the whole model).
+  comes out), then one token per message: the argmax ids on stage_2/in are SmolLM2's greedy
+  tokens by transformers' own generate on the same weights (test/references.py).
 - A HiddenStates of the wrong width into stage 1 is answered on `verify` by a final VerifyResult
   naming the stage and the `shape` field, and logged; the next request is served.
 - A request's rows sent again from prefix 0 are refused (its cache holds them); after a PruneInfo
@@ -104,17 +104,12 @@ def processes(router_endpoint, request):
 
 
 @pytest.fixture(scope="module")
-def prompt_and_expected(processes):
-    """The chat prompt's ids and the engine's `ar` tokens on the whole model, computed here while the
-    stages load."""
-    from edge_llm_ros.core.engine.config import preset
-    from edge_llm_ros.core.engine.decoding import generate_all
-    from edge_llm_ros.core.engine.models import chat_prompt, load_model
-
+def prompt_and_expected(processes, references):
+    """The chat prompt's ids and transformers' own greedy tokens on the whole model (the reference,
+    test/references.py), computed here while the stages load."""
     torch.set_num_threads(1)
-    target = load_model()
-    ids = chat_prompt(target.tokenizer, PROMPT)
-    return ids, generate_all(target, ids, preset("ar", max_new_tokens=MAX_NEW_TOKENS)).tokens
+    ids = list(references.chat_ids(PROMPT))
+    return ids, references.transformers_greedy(ids, MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

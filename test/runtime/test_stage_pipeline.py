@@ -2,8 +2,8 @@
 stage_node per layer range and draft_node as D0, on the embedded runtime.
 
 - 2 and 3 stages with uneven splits: a Generate goal in every lossless mode (naive pipeline `ar`,
-  `chunk_pp`, `flowspec`) returns exactly SmolLM2's greedy tokens (the engine's `ar` on the whole
-  model), with the prompt prefilled in chunks back to back.
+  `chunk_pp`, `flowspec`) returns exactly SmolLM2's greedy tokens (transformers' own generate on the
+  same weights, in this process: test/references.py), with the prompt prefilled in chunks back to back.
 - A stage dies: the goal running on it ends with an error naming that stage, within seconds, and
   the rest stays up; the launcher starts the stage again and the next goal succeeds.
 
@@ -34,17 +34,12 @@ SPLITS = {"2 stages": "0-10,11-29", "3 stages": "0-6,7-18,19-29"}
 
 
 @pytest.fixture(scope="module")
-def expected():
+def expected(references):
+    """transformers' own greedy tokens for PROMPT on SmolLM2's weights (the reference)."""
     import torch
 
-    from edge_llm_ros.core.engine.config import preset
-    from edge_llm_ros.core.engine.decoding import generate_all
-    from edge_llm_ros.core.engine.models import chat_prompt, load_model
-
     torch.set_num_threads(1)
-    target = load_model()
-    ids = chat_prompt(target.tokenizer, PROMPT)
-    return generate_all(target, ids, preset("ar", max_new_tokens=MAX_NEW_TOKENS)).tokens
+    return references.Greedy("torch").tokens(PROMPT, MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module", params=list(SPLITS))
