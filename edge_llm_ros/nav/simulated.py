@@ -31,11 +31,14 @@ from edge_llm_ros.nav.world import Pose, Robot, World, reached
 
 @dataclass(frozen=True)
 class Timed:
-    """A decision and the seconds it took from its frame to the answer."""
+    """A decision and the seconds it took from its frame to the answer; a model's answer also
+    keeps its text and its action line's probability (nav/navigator.Decision's)."""
 
     command: NavCommand
     decide_s: float
     valid: bool = True
+    text: str = ""
+    confidence: float = math.nan
 
 
 Decide = Callable[[Pose], Timed]
