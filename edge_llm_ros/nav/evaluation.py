@@ -42,8 +42,9 @@ class WorldOutcome:
     """One world's episode: ``outcome`` as nav/simulated reports it (reached | stopped short |
     touched | invalid answer | max_actions | decisions too slow | timeout), the body gap to the
     target at the end, actions handed over, and the last answer: its text, its action line's
-    probability (the stop token's, when it stopped) and what its frame showed of each object in
-    view (``seen``: 'red chair ahead, 2.1 m; dark red chair left, 0.8 m')."""
+    probability, its least probable token's (a stop is decided in the reason's "reached": the
+    action line follows it with certainty) and what its frame showed of each object in view
+    (``seen``: 'red chair ahead, 2.1 m; dark red chair left, 0.8 m')."""
 
     seed: int
     outcome: str
@@ -52,6 +53,7 @@ class WorldOutcome:
     touched: str
     last_answer: str
     last_confidence: float
+    last_least_p: float
     seen: str
 
     @property
@@ -59,12 +61,13 @@ class WorldOutcome:
         return self.outcome == "reached"
 
     def line(self) -> str:
-        """'107: stopped short, 0.52 m from the red chair after 14 actions; last "stop" (p 0.613) on a
-        frame showing red chair ahead, 0.6 m'."""
+        """'107: stopped short, 0.52 m from the red chair after 14 actions; last 'stop' (p 1.000, least
+        sure token 0.613) on a frame showing red chair ahead, 0.6 m'."""
         action = self.last_answer.rpartition("action: ")[2].strip() or self.last_answer.strip()
         touched = f" ({self.touched})" if self.touched else ""
         return (f"{self.seed}: {self.outcome}{touched}, {self.gap_m:.2f} m from the {TARGET} after {self.actions} "
-                f"actions; last {action!r} (p {self.last_confidence:.3f}) on a frame showing {self.seen or 'nothing'}")
+                f"actions; last {action!r} (p {self.last_confidence:.3f}, least sure token {self.last_least_p:.3f}) "
+                f"on a frame showing {self.seen or 'nothing'}")
 
 
 def world(seed: int) -> World:
@@ -86,7 +89,8 @@ def navigator_decide(navigator, world_: World, camera: Camera, instruction: str,
 
     def decide(pose: Pose) -> Timed:
         d = navigator.decide(camera.render(world_, pose), instruction)
-        return Timed(d.command, d.decide_s if decide_s is None else decide_s, d.valid, d.text, d.confidence)
+        least = min(d.stats.token_probs, default=math.nan)
+        return Timed(d.command, d.decide_s if decide_s is None else decide_s, d.valid, d.text, d.confidence, least)
 
     return decide
 
@@ -95,7 +99,7 @@ def outcome_of(seed: int, world_: World, episode: TimedEpisode) -> WorldOutcome:
     last = episode.hand_overs[-1] if episode.hand_overs else None
     return WorldOutcome(seed, episode.outcome, body_gap(episode.final, world_.target_object), episode.actions,
                         episode.touched, last.decision.text if last else "",
-                        last.decision.confidence if last else math.nan,
+                        last.decision.confidence if last else math.nan, last.decision.least_p if last else math.nan,
                         seen_from(world_, last.frame.image) if last else "")
 
 
