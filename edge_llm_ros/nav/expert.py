@@ -9,8 +9,8 @@ a short reason for any pose. Knows nothing about ROS.
     waypoint  straight at the target when that line is clear (to `goal_m` short of it); else follow
               the cost downhill from the robot to the farthest point of that path within
               `lookahead_m` that a straight, clear line reaches
-    act       target reached (REACH_M) and within `face_deg` of the heading -> stop;
-              reached but not faced -> turn toward it;
+    act       target there (within `stop_m`, REACH_M or a margin inside it) and within `face_deg`
+              of the heading -> stop; there but not faced -> turn toward it;
               else, of the headings one action away from which a step forward is clear, the one
               nearest the waypoint's bearing: forward (the largest magnitude not past the waypoint
               whose sweep stays clear) if it is this heading, else the turn to it
@@ -33,6 +33,7 @@ import numpy as np
 
 from edge_llm_ros.nav.actions import MAGNITUDES, Magnitudes, NavCommand, clean_reason
 from edge_llm_ros.nav.world import (
+    REACH_M,
     ROBOT_RADIUS,
     Pose,
     Robot,
@@ -60,6 +61,17 @@ class ExpertConfig:
     resolution_m: float = 0.1
     hfov_deg: float = 90.0  # the camera's: what "in view" means in a reason
     ahead_deg: float = 10.0  # "ahead" in a reason; the camera expert heads straight within it
+    stop_m: float = REACH_M  # stop only within this body gap (a margin inside REACH_M: a learner that
+    #                          stops a little early still reaches)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.goal_m < self.stop_m <= REACH_M:
+            raise ValueError(f"expected 0 < goal_m < stop_m <= {REACH_M} (the reach), got goal_m {self.goal_m}, "
+                             f"stop_m {self.stop_m}")
+
+    def there(self, pose: Pose, obj: WorldObject) -> bool:
+        """Close enough to ``obj`` to stop (facing it)."""
+        return reached(pose, obj, within=self.stop_m)
 
 
 # -- plan ---------------------------------------------------------------------------------------------
@@ -191,7 +203,7 @@ def choose(world: World, pose: Pose, target: str, config: ExpertConfig) -> tuple
     robot from turning back and forth where a corner blocks the heading that points best.
     """
     t = world.object(target)
-    if reached(pose, t):
+    if config.there(pose, t):
         to_target = pose.bearing_to(*t.position)
         if abs(math.degrees(to_target)) <= config.face_deg:
             return "stop", "", "reached"
@@ -260,13 +272,13 @@ def camera_expert(world: World, pose: Pose, target: str | None = None,
     """The teacher a camera-only policy can learn from: every action follows from what the frame
     shows. Not in view: SEARCH, a left turn of 30 degrees (a third of the view, so the target
     crosses the middle of some frame). In view: turn toward it until it is within `ahead_deg` of
-    the heading, then forward by a magnitude that fits its distance (and a clear sweep). Reached:
-    face it, then stop. Only when something blocks the way forward does it fall back on the
+    the heading, then forward by a magnitude that fits its distance (and a clear sweep). There
+    (`stop_m`): face it, then stop. Only when something blocks the way forward does it fall back on the
     map-based expert's choice (`choose`)."""
     target = target or world.target
     t = world.object(target)
     bearing = pose.bearing_to(*t.position)
-    if reached(pose, t):
+    if config.there(pose, t):
         verb, magnitude, why = choose(world, pose, target, config)
     elif not in_view(world, pose, t, config.hfov_deg):
         verb, magnitude, why = SEARCH.verb, SEARCH.magnitude, SEARCH.reason

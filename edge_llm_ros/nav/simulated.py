@@ -31,11 +31,17 @@ from edge_llm_ros.nav.world import Pose, Robot, World, reached
 
 @dataclass(frozen=True)
 class Timed:
-    """A decision and the seconds it took from its frame to the answer."""
+    """A decision and the seconds it took from its frame to the answer; a model's answer also
+    keeps its text, its action line's probability (nav/navigator.Decision's) and its least
+    probable token's (where the model was least sure: a stop is chosen in the reason, "reached",
+    and the action line then follows it)."""
 
     command: NavCommand
     decide_s: float
     valid: bool = True
+    text: str = ""
+    confidence: float = math.nan
+    least_p: float = math.nan
 
 
 Decide = Callable[[Pose], Timed]

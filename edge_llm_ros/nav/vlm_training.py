@@ -1,16 +1,21 @@
 """Training the navigation adapter (nav/vlm.py) on the simulator, its teacher.
 
     collect_samples (seeded worlds, the camera expert's rollouts + perturbed poses, cached)
+      + learner_samples (DAgger: the states an adapter's own decisions lead to, labelled by the
+        teacher; fine-tuning from that adapter)
       -> pretrain_encoder (the CNN alone learns what each frame shows: per target kind, the
          teacher's action, where the object is and how far; milliseconds a step)
       -> train_adapter (projectors + LoRA on both LMs learn to write the teacher's answer, the
          encoder slower; checkpointed, resumable)
       -> evaluate (held-out frames: the constrained greedy answer's action against the teacher's;
-         evaluation worlds: closed loop)
+         the evaluation worlds and a second held-out range: closed loop as the node runs it,
+         nav/evaluation.py)
 
 The teacher is nav/expert.camera_expert: every action follows from what the frame shows
 (search left while the target is out of view, turn toward it, head for it), in worlds where that
-gets there (worldgen's ``clear_path``). Frames come from its rollouts in the training worlds and
+gets there (worldgen's ``clear_path``). It stops only within ``stop_m`` of the target, a margin
+inside the 0.5 m reach (:data:`TEACHER`: 0.4 m), so a learner that stops a frame early still
+stops within reach. Frames come from its rollouts in the training worlds and
 from poses pushed off them (a random turn and shift, DAgger-style, so the learned policy has seen
 how to recover). The answers are learned by cross-entropy under teacher forcing, the action line's
 tokens weighted up; the draft's projector and LoRA learn the same answers, so it drafts what the
@@ -40,8 +45,9 @@ from edge_llm_ros.nav.world import Pose, World, body_gap
 from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 
 TRAIN_TARGETS = ("red chair", "silver bottle", "blue chair", "yellow cone")
-EVAL_SEEDS = range(100, 110)  # the evaluation worlds (bench --seeds 100-109): never trained on
-TRAIN_SEED_BASE = 10_000
+TRAIN_SEED_BASE = 10_000  # training worlds: TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1, ...
+HELDOUT_SEEDS = range(TRAIN_SEED_BASE - 8, TRAIN_SEED_BASE)  # the held-out frames' worlds
+TEACHER = ExpertConfig(stop_m=0.4)  # the camera expert as the adapter learns it: stops 0.1 m inside the reach
 DISTANCES = 9  # "under 1 m", "1 m" .. "8 m"
 
 
@@ -63,7 +69,7 @@ def world_for(seed: int, target: str) -> World:
     return generate(seed, GenerateConfig(target=target, clear_path=True))
 
 
-def frame_labels(world: World, pose: Pose, config: ExpertConfig = ExpertConfig()) -> np.ndarray:
+def frame_labels(world: World, pose: Pose, config: ExpertConfig = TEACHER) -> np.ndarray:
     """[len(TRAIN_TARGETS), 3] what the frame at ``pose`` shows of each target kind (see Sample);
     a kind absent from the world is out of view, and the teacher searches for it."""
     names = {o.name for o in world.objects}
@@ -78,26 +84,63 @@ def frame_labels(world: World, pose: Pose, config: ExpertConfig = ExpertConfig()
     return labels
 
 
+def target_for(seed: int) -> str:
+    """A training world's target: cycling through TRAIN_TARGETS with the seed."""
+    return TRAIN_TARGETS[seed % len(TRAIN_TARGETS)]
+
+
+def labelled(world: World, pose: Pose, target: str, camera: Camera, teacher: ExpertConfig) -> Sample:
+    """The frame at ``pose`` with the teacher's answer and the encoder's labels."""
+    return Sample(camera.render(world, pose), instruction_for(target), camera_expert(world, pose, config=teacher).text(),
+                  frame_labels(world, pose, teacher))
+
+
 def collect_samples(seeds: Sequence[int], camera: Camera, perturb: int = 2, rng_seed: int = 0,
-                    progress: Callable[[int], None] | None = None) -> list[Sample]:
+                    progress: Callable[[int], None] | None = None, teacher: ExpertConfig = TEACHER) -> list[Sample]:
     """The camera expert's frames in each seed's world (its target cycling through TRAIN_TARGETS):
     every pose of its rollout, and ``perturb`` poses pushed off each (turned up to 60 degrees,
     shifted up to 0.4 m, where the robot fits)."""
     rng = random.Random(rng_seed)
     samples = []
     for n, seed in enumerate(seeds):
-        target = TRAIN_TARGETS[seed % len(TRAIN_TARGETS)]
+        target = target_for(seed)
         world = world_for(seed, target)
-        poses = [pose for pose, _ in rollout(world, camera_expert).steps]
+        poses = [pose for pose, _ in rollout(world, lambda w, p: camera_expert(w, p, config=teacher)).steps]
         for pose in list(poses):
             for _ in range(perturb):
                 moved = Pose(pose.x + rng.uniform(-0.4, 0.4), pose.y + rng.uniform(-0.4, 0.4),
                              pose.yaw + rng.uniform(-math.pi / 3, math.pi / 3))
                 if not world.touching(moved.x, moved.y):
                     poses.append(moved)
-        for pose in poses:
-            samples.append(Sample(camera.render(world, pose), instruction_for(target),
-                                  camera_expert(world, pose).text(), frame_labels(world, pose)))
+        samples += [labelled(world, pose, target, camera, teacher) for pose in poses]
+        if progress is not None:
+            progress(n + 1)
+    return samples
+
+
+def learner_samples(navigator, seeds: Sequence[int], camera: Camera, teacher: ExpertConfig = TEACHER,
+                    max_steps: int = 40, progress: Callable[[int], None] | None = None) -> list[Sample]:
+    """DAgger (Ross et al. 2011, one iteration): the states the learner's own decisions lead to,
+    each labelled with the teacher's answer. In each seed's world the navigator (nav/navigator:
+    constrained greedy) drives, its actions executed as discrete motions (expert.rollout); where it
+    says stop and the teacher does not (stopped short, or not facing the target), the teacher's
+    action is executed instead, so the states after a premature stop are visited too. Every visited
+    pose is a sample, the premature stops among them (labelled with what the teacher does there)."""
+    samples = []
+    for n, seed in enumerate(seeds):
+        target = target_for(seed)
+        world = world_for(seed, target)
+        instruction = instruction_for(target)
+
+        def policy(w: World, pose: Pose, instruction=instruction, target=target):
+            command = navigator.decide(camera.render(w, pose), instruction).command
+            if command.verb == "stop":
+                taught = camera_expert(w, pose, target, teacher)
+                return command if taught.verb == "stop" else taught
+            return command
+
+        episode = rollout(world, policy, max_steps=max_steps)
+        samples += [labelled(world, pose, target, camera, teacher) for pose, _ in episode.steps]
         if progress is not None:
             progress(n + 1)
     return samples
@@ -243,6 +286,8 @@ class NavTrainConfig:
     action_weight: float = 3.0  # the action line's tokens weigh this much more than the reason's
     draft_weight: float = 0.5
     max_steps: int = 0  # stop after this many steps (0: the epochs' worth)
+    warmup_steps: int = 0  # the rate rises linearly over these first steps (fine-tuning a trained adapter:
+    #                        a fresh AdamW's first steps move every weight by about lr, undoing it)
     checkpoint_every: int = 25
     seed: int = 0
 
@@ -283,8 +328,9 @@ def train_adapter(adapter: NavAdapter, target: TorchCausalLM, draft: TorchCausal
             done = epoch * steps_per_epoch + i
             if done < step or done >= total:
                 continue  # resumed past it, or past the last step
-            for group in optim.param_groups:  # cosine decay
-                group["lr"] = group["scale"] * config.lr * 0.5 * (1 + math.cos(math.pi * done / total))
+            warm = min(1.0, (done + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+            for group in optim.param_groups:  # linear warmup, then cosine decay
+                group["lr"] = warm * group["scale"] * config.lr * 0.5 * (1 + math.cos(math.pi * done / total))
             batch = make_batch(adapter, tokenizer, [samples[j] for j in order[i * config.batch_size:
                                                                                (i + 1) * config.batch_size]],
                                config.action_weight)
@@ -320,21 +366,6 @@ def action_accuracy(navigator, samples: Sequence[Sample]) -> float:
         decision = navigator.decide(s.frame, s.instruction)
         hits += decision.valid and decision.command.action == parse(s.answer).action
     return hits / max(len(samples), 1)
-
-
-def closed_loop(navigator, camera: Camera, seeds: Sequence[int], target: str = "red chair",
-                max_steps: int = 40) -> dict:
-    """Each seed's evaluation world driven by the navigator's decisions on rendered frames (the
-    discrete actions executed exactly): the rollout per seed (``.success``: reached, nothing touched)."""
-    episodes = {}
-    for seed in seeds:
-        world = world_for(seed, target)
-        instruction = instruction_for(target)
-        def policy(w, pose, instruction=instruction):
-            return navigator.decide(camera.render(w, pose), instruction).command
-
-        episodes[seed] = rollout(world, policy, max_steps=max_steps)
-    return episodes
 
 
 # -- the verifier's early exits for the navigation task ----------------------------------------------

@@ -3,16 +3,24 @@
     edge-llm-ros train nav                                   # -> edge_llm_ros/data/nav/smollm2-nav
     edge-llm-ros train nav --worlds 40 --max-steps 50 --out /tmp/nav   # a quick run
     edge-llm-ros train nav --resume                          # continue an interrupted LM phase
+    edge-llm-ros train nav --init shipped --dagger-worlds 60 --pretrain-steps 0 --lr 2e-4 \\
+        --warmup-steps 20 --out /tmp/nav                     # fine-tune an adapter on its own states
+    edge-llm-ros train nav --evaluate-only                   # the shipped adapter's closed loop only
 
 Frames and the camera expert's answers come from ``--worlds`` seeded clear-path training worlds
-(seeds from 10000; the evaluation worlds 100-109 are never among them), cached in the work
-directory. Two phases: the encoder alone learns what frames show (``--pretrain-steps``, seconds
-per hundred steps); then the projectors and LoRA updates of SmolLM2 and the shipped draft learn to
-write the answers, the encoder at a tenth of the rate (``--max-steps``, checkpointed every
-``--checkpoint-every`` steps; ``--resume`` continues). The LMs' own weights never change. Then, on
-held-out frames (another 8 worlds), the share of constrained greedy actions equal to the teacher's,
-and on the evaluation worlds the closed-loop success ("reached within 0.5 m, nothing touched");
-both go into the adapter's config.json and the summary line.
+(seeds from 10000; the evaluation worlds 100-109 and the check worlds 200-209 are never among
+them), cached in the work directory. The teacher stops ``--stop-margin`` inside the 0.5 m reach.
+Two phases: the encoder alone learns what frames show (``--pretrain-steps``, seconds per hundred
+steps); then the projectors and LoRA updates of SmolLM2 and the shipped draft learn to write the
+answers, the encoder at a tenth of the rate (``--max-steps``, checkpointed every
+``--checkpoint-every`` steps; ``--resume`` continues). The LMs' own weights never change.
+``--init`` starts from an adapter's weights instead of fresh ones; with ``--dagger-worlds`` that
+adapter also drives in that many further training worlds, and every state its own decisions reach
+is labelled by the teacher and added to the samples (DAgger, vlm_training.learner_samples). Then,
+on held-out frames (another 8 worlds), the share of constrained greedy actions equal to the
+teacher's, and on the evaluation and check worlds the closed-loop success as navigator_node runs
+it (nav/evaluation.py: the episode policy in simulated time; "reached within 0.5 m, nothing
+touched"); all go into the adapter's config.json and the summary lines.
 """
 
 from __future__ import annotations
@@ -20,8 +28,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-
-EVAL_WORLDS = range(100, 110)
 
 
 def add_nav_parser(sub) -> None:
@@ -34,10 +40,20 @@ def add_nav_parser(sub) -> None:
     p.add_argument("--max-steps", type=int, default=500, help="stop the LM phase after this many steps (0: none)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-steps", type=int, default=0, help="the rate rises linearly over these first LM steps")
     p.add_argument("--draft-weight", type=float, default=0.5, help="weight of the draft projector's loss")
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--heldout-frames", type=int, default=120, help="held-out frames for the action accuracy")
+    p.add_argument("--stop-margin", type=float, default=0.1,
+                   help="the teacher stops this far inside the 0.5 m reach (m, below 0.2)")
+    p.add_argument("--init", default=None, metavar="ADAPTER",
+                   help="start from this adapter folder ('shipped': the shipped one) instead of fresh weights")
+    p.add_argument("--dagger-worlds", type=int, default=0,
+                   help="with --init: worlds the adapter drives itself in, its states labelled by the teacher")
     p.add_argument("--eval-worlds", default="100-109", help="closed-loop evaluation worlds (a seed range)")
+    p.add_argument("--check-worlds", default="200-209", help="a second held-out closed-loop range")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="train nothing: the closed loop of --init (default: the shipped adapter)")
     p.add_argument("--out", type=Path, default=None, help="adapter folder (default: the shipped one's)")
     p.add_argument("--work", type=Path, default=None,
                    help="sample cache and checkpoint (default: ~/.cache/edge_llm_ros/train/smollm2-nav)")
@@ -97,8 +113,7 @@ def train_nav_exits_command(args) -> dict:
     samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds), camera, args.perturb,
                                  progress=lambda n: bar.update(1))
     bar.close()
-    heldout = vt.collect_samples(range(vt.TRAIN_SEED_BASE - 8, vt.TRAIN_SEED_BASE), camera,
-                                 perturb=1)[: args.heldout_frames]
+    heldout = vt.collect_samples(vt.HELDOUT_SEEDS, camera, perturb=1)[: args.heldout_frames]
     exits, result = vt.train_nav_exits(adapter, target, samples, heldout, args.layer_list, args.bottleneck,
                                        ExitTrainConfig(epochs=args.epochs, batch_positions=512),
                                        progress=not args.quiet, log=log)
@@ -122,12 +137,43 @@ def seed_range(text: str, flag: str = "--eval-worlds") -> range:
 
 
 def check_nav_args(args) -> None:
+    from edge_llm_ros.nav.expert import ExpertConfig
+    from edge_llm_ros.nav.vlm_training import HELDOUT_SEEDS, TRAIN_SEED_BASE
+    from edge_llm_ros.nav.world import REACH_M
+
     for flag in ("worlds", "epochs", "batch_size", "lr", "checkpoint_every", "heldout_frames"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    if args.perturb < 0 or args.draft_weight < 0 or args.pretrain_steps < 0 or args.max_steps < 0:
-        raise ValueError("--perturb, --draft-weight, --pretrain-steps and --max-steps must be >= 0")
+    if (args.perturb < 0 or args.draft_weight < 0 or args.pretrain_steps < 0 or args.max_steps < 0
+            or args.dagger_worlds < 0 or args.warmup_steps < 0):
+        raise ValueError("--perturb, --draft-weight, --pretrain-steps, --max-steps, --dagger-worlds and "
+                         "--warmup-steps must be >= 0")
+    if args.dagger_worlds and not args.init:
+        raise ValueError("--dagger-worlds needs --init: the adapter whose own states are labelled")
+    try:
+        args.teacher = ExpertConfig(stop_m=round(REACH_M - args.stop_margin, 6))
+    except ValueError:
+        raise ValueError(f"--stop-margin must be in [0, 0.2), got {args.stop_margin}") from None
     args.eval_range = seed_range(args.eval_worlds)
+    args.check_range = seed_range(args.check_worlds, "--check-worlds")
+    used = range(HELDOUT_SEEDS.start, TRAIN_SEED_BASE + args.worlds + args.dagger_worlds)
+    for flag, seeds in (("--eval-worlds", args.eval_range), ("--check-worlds", args.check_range)):
+        if seeds.start < used.stop and seeds.stop > used.start:
+            raise ValueError(f"{flag} {seeds.start}-{seeds.stop - 1} overlaps the training and held-out worlds "
+                             f"({used.start}-{used.stop - 1})")
+
+
+def closed_loop(navigator, seeds: range, label: str) -> tuple[int, dict]:
+    """The navigator over ``seeds`` as navigator_node runs it (nav/evaluation.py), logged world by
+    world: (reached, {seed: outcome line})."""
+    from edge_llm_ros.nav.evaluation import evaluate, report
+    from edge_llm_ros.tools.train_run import log
+
+    started = time.perf_counter()
+    outcomes = evaluate(navigator, seeds, progress=lambda o: log(f"  {o.line()}"))
+    reached = sum(o.success for o in outcomes)
+    log(f"closed loop, {label}: {report(outcomes).splitlines()[0]} in {time.perf_counter() - started:.0f} s")
+    return reached, {str(o.seed): o.line() for o in outcomes}
 
 
 def train_nav_command(args) -> dict:
@@ -136,36 +182,68 @@ def train_nav_command(args) -> dict:
 
     from edge_llm_ros.core.drafts.draft_models import load_draft
     from edge_llm_ros.core.drafts.loading import set_threads
+    from edge_llm_ros.core.engine.config import GenerationConfig
     from edge_llm_ros.core.engine.models import load_model, target_identity
     from edge_llm_ros.nav import vlm_training as vt
     from edge_llm_ros.nav.camera import Camera
-    from edge_llm_ros.nav.navigator import Navigator
+    from edge_llm_ros.nav.navigator import MAX_ANSWER_TOKENS, Navigator
     from edge_llm_ros.nav.vlm import ADAPTERS_DIR, DEFAULT_ADAPTER, AdapterConfig, NavAdapter, lora_shapes
     from edge_llm_ros.tools.train_run import default_work_dir, log
 
     set_threads(args.threads or 0)
+    target = load_model()
+    draft = load_draft(target).model
+    init = None if args.init in (None, "shipped") else Path(args.init)
+
+    def navigator(adapter: NavAdapter) -> Navigator:  # sd: the constrained greedy answer, sooner
+        return Navigator(adapter, target, draft, GenerationConfig(mode="sd", max_new_tokens=MAX_ANSWER_TOKENS, gamma=4))
+
+    if args.evaluate_only:
+        adapter = NavAdapter.load(init, target)
+        reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds")
+        checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds")
+        return {"eval_reached": reached, "eval_outcomes": outcomes, "check_reached": checked,
+                "check_outcomes": check_outcomes}
+
     work = args.work or default_work_dir("smollm2-nav")
     out = args.out or ADAPTERS_DIR / DEFAULT_ADAPTER
     work.mkdir(parents=True, exist_ok=True)
-    camera = Camera()
-    samples_file = work / f"samples-camera-w{args.worlds}-p{args.perturb}.npz"
+    camera, teacher = Camera(), args.teacher
+    samples_file = work / f"samples-camera-w{args.worlds}-p{args.perturb}-stop{teacher.stop_m:g}.npz"
     if samples_file.is_file():
         samples = vt.load_samples(samples_file)
         log(f"{len(samples)} cached samples from {samples_file}")
     else:
         bar = tqdm(total=args.worlds, desc="worlds", unit="world", disable=args.quiet)
         samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds), camera,
-                                     args.perturb, progress=lambda n: bar.update(1))
+                                     args.perturb, progress=lambda n: bar.update(1), teacher=teacher)
         bar.close()
         vt.save_samples(samples, samples_file)
         log(f"{len(samples)} samples from {args.worlds} worlds -> {samples_file}")
-    heldout_seeds = range(vt.TRAIN_SEED_BASE - 8, vt.TRAIN_SEED_BASE)
-    heldout = vt.collect_samples(heldout_seeds, camera, perturb=1)[: args.heldout_frames]
+    heldout = vt.collect_samples(vt.HELDOUT_SEEDS, camera, perturb=1, teacher=teacher)[: args.heldout_frames]
 
-    target = load_model()
-    draft = load_draft(target).model
-    lora = {"target": lora_shapes(target), "draft": lora_shapes(draft)}
-    adapter = NavAdapter(AdapterConfig(lora=lora), identity=target_identity(target))
+    if args.init:
+        adapter = NavAdapter.load(init, target)
+        log(f"from the adapter in {adapter.folder}")
+    else:
+        lora = {"target": lora_shapes(target), "draft": lora_shapes(draft)}
+        adapter = NavAdapter(AdapterConfig(lora=lora), identity=target_identity(target))
+    learned = 0
+    if args.dagger_worlds:
+        seeds = range(vt.TRAIN_SEED_BASE + args.worlds, vt.TRAIN_SEED_BASE + args.worlds + args.dagger_worlds)
+        dagger_file = work / f"samples-dagger-{seeds.start}-{seeds.stop - 1}-stop{teacher.stop_m:g}.npz"
+        if dagger_file.is_file():
+            own = vt.load_samples(dagger_file)
+            log(f"{len(own)} cached learner samples from {dagger_file}")
+        else:
+            started = time.perf_counter()
+            bar = tqdm(total=args.dagger_worlds, desc="dagger", unit="world", disable=args.quiet)
+            own = vt.learner_samples(navigator(adapter), seeds, camera, teacher, progress=lambda n: bar.update(1))
+            bar.close()
+            vt.save_samples(own, dagger_file)
+            log(f"{len(own)} learner samples: the adapter's own states in worlds {seeds.start}-{seeds.stop - 1}, "
+                f"labelled by the teacher, in {time.perf_counter() - started:.0f} s -> {dagger_file}")
+        samples, learned = samples + own, len(own)
     checkpoint = work / "checkpoint.pt"
     if not args.resume and checkpoint.exists():
         checkpoint.unlink()
@@ -186,27 +264,30 @@ def train_nav_command(args) -> dict:
         bar.n = step
         bar.set_postfix(loss=f"{loss:.3f}")
         bar.refresh()
+        if args.quiet and (step % args.checkpoint_every == 0 or step == total):
+            log(f"step {step}/{total}, loss {loss:.3f}")
 
     config = vt.NavTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                draft_weight=args.draft_weight, max_steps=args.max_steps,
-                               checkpoint_every=args.checkpoint_every)
+                               warmup_steps=args.warmup_steps, checkpoint_every=args.checkpoint_every)
     trained = vt.train_adapter(adapter, target, draft, target.tokenizer, samples, config, checkpoint, progress)
     bar.close()
     log(f"trained {trained['steps']} steps in {trained['train_s']:.0f} s, final loss {trained['final_loss']:.3f}")
 
-    navigator = Navigator(adapter, target)
-    accuracy = vt.action_accuracy(navigator, heldout)
+    accuracy = vt.action_accuracy(navigator(adapter), heldout)
     log(f"held-out action accuracy {accuracy:.3f} over {len(heldout)} frames")
-    started = time.perf_counter()
-    episodes = vt.closed_loop(navigator, camera, args.eval_range)
-    reached = sum(e.success for e in episodes.values())
-    log(f"closed loop: reached {reached}/{len(episodes)} evaluation worlds "
-        f"({', '.join(f'{s}: {e.outcome}' for s, e in episodes.items())}) in {time.perf_counter() - started:.0f} s")
-    adapter.training_info = {**trained, "encoder_pretraining": pretrained, "samples": len(samples), "worlds": args.worlds, "perturb": args.perturb,
+    reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds")
+    checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds")
+    adapter.training_info = {**trained, "encoder_pretraining": pretrained, "samples": len(samples),
+                             "worlds": args.worlds, "perturb": args.perturb, "teacher_stop_m": teacher.stop_m,
+                             "init": str(adapter.folder) if args.init else None,
+                             "dagger_worlds": args.dagger_worlds, "learner_samples": learned,
                              "action_accuracy": accuracy, "heldout_frames": len(heldout),
                              "eval_worlds": f"{args.eval_range.start}-{args.eval_range.stop - 1}",
-                             "eval_reached": reached,
-                             "eval_outcomes": {str(s): e.outcome for s, e in episodes.items()}}
+                             "eval_reached": reached, "eval_outcomes": outcomes,
+                             "check_worlds": f"{args.check_range.start}-{args.check_range.stop - 1}",
+                             "check_reached": checked, "check_outcomes": check_outcomes,
+                             "command": "edge-llm-ros train nav " + " ".join(getattr(args, "argv", [])[1:])}
     adapter.save(out)
     log(f"wrote {out}")
     return adapter.training_info

@@ -73,6 +73,28 @@ def test_it_stops_only_when_reached_and_facing_the_target():
     assert not reached(short, t) and expert(world, short).verb == "forward"
 
 
+def test_a_stop_margin_keeps_going_past_the_reach_edge_and_stops_inside_it():
+    """ExpertConfig.stop_m (the adapter's teacher: 0.4 m): at a body gap of 0.45 m, facing the
+    chair, the plain expert stops and the margined one steps forward; over clear-path worlds the
+    margined camera expert still reaches every target, facing it, touching nothing, and stops
+    within its margin."""
+    teacher = ExpertConfig(stop_m=0.4)
+    world = World.from_yaml(DEFAULT)
+    t = world.target_object
+    edge = Pose(t.position[0] - 1.05, t.position[1], 0.0)  # body gap 0.45: reached, not within 0.4
+    assert expert(world, edge).verb == "stop" and camera_expert(world, edge).verb == "stop"
+    assert expert(world, edge, config=teacher).action == camera_expert(world, edge, config=teacher).action == \
+        "forward small"
+    for seed in [*range(100, 110), *range(10_000, 10_010)]:
+        world = generate(seed, GenerateConfig(clear_path=True))
+        episode = rollout(world, lambda w, p: camera_expert(w, p, config=teacher), max_steps=40)
+        check_episode(episode, world)
+        assert episode.success and body_gap(episode.final, world.target_object) <= 0.4, (seed, episode.outcome)
+    for bad in (0.25, 0.3, 0.6):  # not between goal_m (0.3) and the reach (0.5)
+        with pytest.raises(ValueError, match="stop_m"):
+            ExpertConfig(stop_m=bad)
+
+
 def test_reasons_say_where_the_target_is_or_that_it_is_not_in_view():
     world = World.from_yaml(DEFAULT)
     assert expert(world, world.start).reason.startswith("red chair not in view, turning")

@@ -1,10 +1,13 @@
 """The shipped navigation adapter (edge_llm_ros/data/nav/smollm2-nav) on the real SmolLM2 and the
-shipped draft: it loads for this target, its training record says what it reached, and on frames of
-an evaluation world the speculative modes give the constrained AR answer token for token, on one
-device and over edge-cloud (the task's own early exits hitting), every answer a valid action (issue 15: "identical between AR and
-speculative modes, on the trained one"). Reaching the chair through real processes is test/runtime/test_go2_sim.py."""
+shipped draft: it loads for this target and carries LoRA for both; the navigator the node runs
+reaches the red chair in at least 9 of the 10 evaluation worlds, touching nothing (measured here,
+in simulated time: issue 28); and on frames of an evaluation world the speculative modes give the
+constrained AR answer token for token, on one device and over edge-cloud (the task's own early
+exits hitting), every answer a valid action (issue 15: "identical between AR and speculative
+modes, on the trained one"). One world through real processes is test/runtime/test_go2_sim.py."""
 
 import pytest
+import torch
 
 SEED = 100  # an evaluation world: never trained on
 
@@ -19,13 +22,38 @@ def models():
     return NavAdapter.load(None, target), target, load_draft(target).model
 
 
-def test_the_shipped_adapter_records_its_evaluation_and_carries_lora(models):
+def test_the_shipped_adapter_carries_lora_for_target_and_draft(models):
     adapter, target, _ = models
-    info = adapter.training_info
-    assert info["eval_worlds"] == "100-109" and info["eval_reached"] >= 9, info.get("eval_outcomes")
     assert set(adapter.lora) == {"target", "draft"}
     merged = adapter.attach(target, "target")
     assert merged.hf.model.layers[0].self_attn.q_proj.weight is not target.hf.model.layers[0].self_attn.q_proj.weight
+
+
+@pytest.mark.timeout(1800)  # 5 min on 2 cores; 13 min with other suites running beside it
+def test_the_shipped_navigator_reaches_the_chair_in_nine_of_the_ten_evaluation_worlds(models):
+    """The navigator as navigator_node runs it in go2_sim (mode sd with the shipped draft, lossless:
+    the constrained greedy answer; overlapped, carried over by odometry; 60 actions) through the
+    episode policy, the bridge's executor and the kinematic Go2 in simulated time, over seeds
+    100-109. Each decision takes the plan's 0.55 s of simulated time, so the outcome depends on the
+    answers alone, not on this machine's load. Reached: stopped with the body within 0.5 m."""
+    from edge_llm_ros.core.engine.config import GenerationConfig
+    from edge_llm_ros.nav.evaluation import EVAL_SEEDS, evaluate, report
+    from edge_llm_ros.nav.navigator import MAX_ANSWER_TOKENS, Navigator
+
+    adapter, target, draft = models
+    navigator = Navigator(adapter, target, draft, GenerationConfig(mode="sd", max_new_tokens=MAX_ANSWER_TOKENS,
+                                                                   gamma=4))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two pytest-xdist workers share the machine's cores
+    try:
+        outcomes = evaluate(navigator, EVAL_SEEDS)
+    finally:
+        torch.set_num_threads(threads)
+    summary = report(outcomes)
+    assert [o.seed for o in outcomes] == list(EVAL_SEEDS)
+    assert not [o for o in outcomes if o.touched or o.outcome == "touched"], summary
+    assert sum(o.success for o in outcomes) >= 9, summary
+    print(summary)
 
 
 @pytest.fixture(scope="module")
