@@ -101,18 +101,19 @@ SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup
   export PYTHONPATH=$(CURDIR):$$PYTHONPATH &&
 
 # Three passes: the Qwen VLM tests in .venv-vlm (outside the sourced shell: ROS 2's paths are
-# .venv's), the tests not marked slow on two pytest-xdist workers (the core tests pin torch to
-# one thread: test/core/conftest.py), then the slow ones (real node processes, launches, the
-# reliability suite, the real-process benches) one at a time, as they time and load the machine
-# themselves. All always run; the target fails if any failed.
+# .venv's); then everything else but the tests marked `serial` on two pytest-xdist workers, a test
+# file to a worker (--dist loadfile: a module's node processes start once; the core tests pin torch to
+# one thread: test/core/conftest.py; each worker has its own Zenoh router and ROS domains); then the
+# `serial` ones (the benches, the reliability run, the duration and memory bounds) one at a time, as
+# they time and load the machine themselves. All always run; the target fails if any failed.
 test: install ros2 vlm
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm test/vlm || vlm=$$?; \
 	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
-	  fast=0; slow=0; \
-	  $(PY) -m pytest -q -m "not slow and not vlm" -n 2 test || fast=$$?; \
-	  $(PY) -m pytest -q -m "slow and not vlm" test || slow=$$?; \
-	  echo "make test: vlm pass exit $$vlm, not-slow pass exit $$fast, slow pass exit $$slow"; \
-	  test $$vlm = 0 -a $$fast = 0 -a $$slow = 0
+	  parallel=0; serial=0; \
+	  $(PY) -m pytest -q -m "not serial and not vlm" -n 2 --dist loadfile test || parallel=$$?; \
+	  $(PY) -m pytest -q -m "serial and not vlm" test || serial=$$?; \
+	  echo "make test: vlm pass exit $$vlm, parallel pass exit $$parallel, serial pass exit $$serial"; \
+	  test $$vlm = 0 -a $$parallel = 0 -a $$serial = 0
 
 # While you work: everything but the tests marked slow; `make test` runs them all, as CI does.
 test-fast: install ros2

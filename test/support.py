@@ -212,14 +212,6 @@ def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess
                           text=True, timeout=timeout, env=env, cwd=REPO, input=input)
 
 
-def generate_cli(prompt: str, n: int, backend: str = "llama.cpp") -> str:
-    """What `edge-llm-ros generate` prints for ``prompt``: ``n`` greedy tokens of plain decoding (mode ar)."""
-    out = cli("generate", "--backend", backend, "--mode", "ar", "--no-plan", "--max-new-tokens", str(n), prompt,
-              timeout=300)
-    assert out.returncode == 0, out.stderr
-    return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
-
-
 def assert_loopback_only(process) -> None:
     """No socket of ``process`` (a psutil.Process) is connected to an address other than loopback."""
     for conn in process.net_connections(kind="inet"):

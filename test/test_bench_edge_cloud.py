@@ -147,6 +147,7 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, message):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(660)
 def test_quick_run_over_two_processes_writes_json_and_png(tmp_path):
     """The real thing, small: SmolLM2 in draft_node and verifier_node, RTT 50 ms, one prompt x 16 tokens,

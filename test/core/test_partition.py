@@ -139,6 +139,7 @@ def test_bad_device_lists_are_refused():
 
 
 @pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
+@pytest.mark.serial
 def test_thirty_two_layers_over_eight_devices_plan_in_well_under_a_second():
     rng = np.random.default_rng(1)
     devices = [
@@ -306,6 +307,7 @@ def test_interpolated_cost_never_goes_negative():
 
 
 @pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
+@pytest.mark.serial
 def test_a_2048_token_prompt_over_eight_stages_plans_within_seconds():
     rows, prefix = np.array([1, 16, 64, 256, 1024, 2048]), np.array([0, 256, 1024, 2048])
     polynomial = prefix_cost(2e-3, 3e-5, 2e-8)

@@ -92,6 +92,7 @@ def test_the_segment_follows_the_hardware():
 
 
 @pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
+@pytest.mark.serial
 def test_32_layers_on_8_devices_are_planned_within_seconds():
     devices, model = eight_devices(), shape()
     start = time.perf_counter()

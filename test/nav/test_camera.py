@@ -96,6 +96,7 @@ def test_walls_floor_and_ceiling_take_the_world_colours():
 
 
 @pytest.mark.slow  # bounds a duration: the serial pass, with a margin for a loaded 2-core machine
+@pytest.mark.serial
 def test_a_frame_renders_in_a_few_milliseconds():
     world, camera = World.from_yaml(DEFAULT), Camera(128, 96)
     camera.render(world, world.start)

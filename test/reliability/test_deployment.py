@@ -12,7 +12,7 @@ import pytest
 
 from edge_llm_ros.errors import Status
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ def test_action_send_goal_streams_text_and_reports_success(echo_node):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_topic_hz_measures_the_stats_rate(echo_node):
     result = cli("topic", "hz", f"{NS}/stats", "--duration", "3")
     assert result.returncode == 0, result.stderr

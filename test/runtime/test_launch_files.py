@@ -29,7 +29,6 @@ from support import (
     Followed,
     assert_loopback_only,
     check_loopback_only,
-    generate_cli,
     require,
     ros_domain,
     setup_budget,
@@ -222,10 +221,11 @@ def test_edge_cloud_launch_brings_both_nodes_up_under_rclpy_on_loopback(io, proc
 
 @pytest.mark.launch(fixture=edge_cloud)
 @pytest.mark.timeout(600)
-def test_a_goal_to_the_launched_nodes_streams_the_target_greedy_text(client, io, proc_info, transitions):
+def test_a_goal_to_the_launched_nodes_streams_the_target_greedy_text(client, io, proc_info, transitions, references):
     host, llm = client
     with ThreadPoolExecutor(1) as pool:
-        expected = pool.submit(generate_cli, PROMPT, MAX_NEW_TOKENS, "torch")  # while the nodes come up
+        # transformers' own greedy decoding of the same weights, while the nodes come up
+        expected = pool.submit(references.Greedy("torch").text, PROMPT, MAX_NEW_TOKENS)
         for node in NODES:
             wait_until_serving(io, proc_info, transitions, node)
         ready(llm, io)

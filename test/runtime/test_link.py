@@ -305,6 +305,7 @@ link_test:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(180)
 def test_emulated_link_between_two_processes(rt_session, tmp_path):
     """A 50 ms one-way, 20 Mbit/s link set in YAML delays real messages from another process."""

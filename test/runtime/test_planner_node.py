@@ -293,6 +293,7 @@ def test_bad_parameters_are_one_line_errors(planner, params, message):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # calibration measures the machine: alone, as a robot's first start would
 @pytest.mark.timeout(720)
 def test_calibration_without_a_plan_saves_one_publishes_it_and_profile_measures(router_endpoint, rt_session, probe,
                                                                                tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO, Proc, assert_loopback_only, generate_cli, ros_domain, setup_budget, wait_until
+from support import REPO, Proc, assert_loopback_only, ros_domain, setup_budget, wait_until
 
 pytestmark = pytest.mark.slow  # builds, launches and model processes
 INSTALL = REPO / "build" / "ros2" / "install" / "edge_llm_ros"
@@ -242,11 +242,12 @@ def pipeline(env):
 
 
 @pytest.mark.timeout(1500)
-def test_pipeline_launch_answers_the_ros2_cli(env, pipeline):
+def test_pipeline_launch_answers_the_ros2_cli(env, pipeline, references):
     # started first: its subscription has the node and parameter checks' time to be matched
     echo = Proc(["ros2", "topic", "echo", "/edge_llm/response", "edge_llm_ros/msg/TokenChunk"], env=env)
-    pool = ThreadPoolExecutor(1)  # the expected texts, computed while the CLI calls wait on discovery
-    expected = {n: pool.submit(generate_cli, PROMPT, n) for n in (128, 24, 5)}
+    # the expected texts: llama.cpp's own greedy decoding of the GGUF, computed while the CLI calls wait on discovery
+    pool, greedy = ThreadPoolExecutor(1), references.Greedy("llama.cpp")
+    expected = {n: pool.submit(greedy.text, PROMPT, n) for n in (128, 24, 5)}
     try:
         # read-only checks, at once: each CLI run mostly waits on discovery
         with ThreadPoolExecutor(6) as reads:

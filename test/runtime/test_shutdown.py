@@ -31,7 +31,8 @@ from support import Followed, Proc, wait_until
 
 from edge_llm_ros.client import LLMClient
 
-pytestmark = pytest.mark.slow  # node processes loading SmolLM2
+# serial: each node must exit within STOP_S of SIGTERM, a bound that a loaded machine would break
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # node processes loading SmolLM2
 
 STOP_S = 2.0  # what a node gets between SIGTERM and the end of the process
 UP_S = 240  # a model loading, or a calibration reaching a phase, on 2 busy cores

@@ -12,7 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import assert_loopback_only, generate_cli, require, setup_budget
+from support import assert_loopback_only, require, setup_budget
 from test_launch_files import (  # noqa: F401  (fixtures, used by name)
     UP_S,
     client,
@@ -98,14 +98,15 @@ def wait_until_active(io, proc_info, transitions, name: str) -> None:
 @pytest.mark.launch(fixture=stages)
 @pytest.mark.timeout(600)
 def test_the_plan_launches_its_stages_and_answers_with_the_target_greedy_text(plan, client, io, proc_info,
-                                                                            transitions):
+                                                                            transitions, references):
     import psutil
 
     path, planned = plan
     assert len(planned.stages) == 2
     host, llm = client
     with ThreadPoolExecutor(1) as pool:
-        expected = pool.submit(generate_cli, PROMPT, MAX_NEW_TOKENS, "torch")  # while the nodes come up
+        # transformers' own greedy decoding of the same weights, while the nodes come up
+        expected = pool.submit(references.Greedy("torch").text, PROMPT, MAX_NEW_TOKENS)
         for name in NODES:
             wait_until_active(io, proc_info, transitions, name)
         assert launched(proc_info, "stage_2") is None  # one stage per range of the plan
