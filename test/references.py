@@ -16,6 +16,7 @@ one decodes afresh. Text is the tokenizer's decoding with special tokens skipped
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -52,13 +53,15 @@ class Longest:
 
     def __init__(self, decode, eos) -> None:
         self.decode, self.eos, self.done = decode, eos, {}
+        self.lock = threading.Lock()  # one decode at a time: a test may ask from a thread of its own
 
     def __call__(self, prompt: Sequence[int], n: int) -> list[int]:
         key = tuple(int(t) for t in prompt)
-        have = self.done.get(key)
-        if have is None or (len(have) < n and (not have or have[-1] != self.eos())):
-            have = self.done[key] = list(self.decode(key, n))
-        return have[:n]
+        with self.lock:
+            have = self.done.get(key)
+            if have is None or (len(have) < n and (not have or have[-1] != self.eos())):
+                have = self.done[key] = list(self.decode(key, n))
+            return have[:n]
 
     def clear(self) -> None:
         self.done.clear()

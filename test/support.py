@@ -113,7 +113,8 @@ class Proc:
                                       env=full_env, cwd=cwd, start_new_session=True, preexec_fn=default_sigint)
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         Proc.running.add(self)
 
     def _read(self) -> None:
@@ -146,7 +147,12 @@ class Proc:
                 self._cond.wait(min(left, 0.2))
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.popen.wait(timeout)
+        """The exit code, once the process has ended and its output is read to the end (a process
+        that exits right after its last line: that line is in ``output`` when this returns; a
+        grandchild that keeps the pipe open is given 5 s)."""
+        code = self.popen.wait(timeout)
+        self._reader.join(5)
+        return code
 
     def tail(self, lines: int) -> str:
         with self._cond:

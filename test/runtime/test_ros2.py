@@ -295,5 +295,6 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline, references):
     ros2_shows(env, ["Set parameter successful"], "param", "set", "--no-daemon", serve, "max_new_tokens", "5")
     pipeline.wait_for_line("parameters: max_new_tokens 5", 10)
     streamed, result, status = send_goal(env, PROMPT, 0)  # 0: the node's max_new_tokens
-    assert status == "SUCCEEDED" and result == expected[5].result(300) == streamed
+    assert status == "SUCCEEDED" and result == expected[5].result(300) == streamed, \
+        (status, result, streamed, greedy.tokens(PROMPT, 5), greedy.tokens(PROMPT, 24))
     stop_cleanly(pipeline, nodes=3)
