@@ -94,6 +94,7 @@ DEMO_LINE = re.compile(r"\[demo\] mode (\w+) on (llama\.cpp|torch): (\d+) tokens
 
 
 @pytest.mark.slow  # the real pipeline: planner_node calibrates this machine, serve_node runs SmolLM2
+@pytest.mark.serial  # calibration measures the machine; beside the other worker it took 120 s (16 s alone)
 @pytest.mark.timeout(660)
 def test_demo_answers_with_smollm2_through_the_launched_pipeline(router_endpoint, tmp_path):
     instruction = "Name one thing a robot needs to see."
