@@ -45,21 +45,10 @@ def prompts(lm):
 
 
 @pytest.fixture(scope="module")
-def llama_greedy(prompts):
-    """llama.cpp's own greedy decoding (its high-level API, its own context) of each prompt."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(default_model_path()), n_ctx=1024, n_threads=THREADS, n_batch=512, verbose=False)
-    out = []
-    for ids in prompts:
-        tokens = []
-        for tok in llm.generate(ids, top_k=1, temp=0.0, reset=True):
-            tokens.append(int(tok))
-            if len(tokens) == NEW_TOKENS:
-                break
-        out.append(tokens)
-    llm.close()
-    return out
+def llama_greedy(prompts, references):
+    """llama.cpp's own greedy decoding (its high-level API, its own context) of each prompt: the
+    suite's reference (test/references.py), cached for the session."""
+    return [references.llama_greedy(ids, NEW_TOKENS) for ids in prompts]
 
 
 def decode(lm, chunks: list[list[int]]) -> torch.Tensor:
