@@ -45,6 +45,7 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from rclpy.node import Node as _RclpyNode
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
+from rclpy.waitable import NumberOfEntities
 from unique_identifier_msgs.msg import UUID
 
 from edge_llm_ros.runtime import stopping
@@ -143,6 +144,36 @@ class ActionClient(_RclpyActionClient):
         kwargs.setdefault("feedback_sub_qos_profile", QoSProfile(depth=FEEDBACK_DEPTH))
         super().__init__(node, action_type, action_name, **kwargs)
         self._streams: OrderedDict[bytes, Callable] = OrderedDict()  # goal id -> feedback callback
+        self._handle_lock = threading.Lock()
+        self._destroyed = False
+
+    # rclpy's destroy frees the handle at once, while an executor spinning the node in another
+    # thread may be between is_ready and take_data on it ("action client pointer is invalid": CI
+    # stop 36, a client closed on a node its caller spins). Taking and destroying exclude each other,
+    # and a destroyed client is never ready.
+    def get_num_entities(self) -> Any:
+        with self._handle_lock:
+            return NumberOfEntities() if self._destroyed else super().get_num_entities()
+
+    def add_to_wait_set(self, wait_set: Any) -> None:
+        with self._handle_lock:
+            if not self._destroyed:
+                super().add_to_wait_set(wait_set)
+
+    def is_ready(self, wait_set: Any) -> bool:
+        with self._handle_lock:
+            return not self._destroyed and super().is_ready(wait_set)
+
+    def take_data(self) -> dict:
+        with self._handle_lock:
+            return {} if self._destroyed else super().take_data()
+
+    def destroy(self) -> None:
+        with self._handle_lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            super().destroy()
 
     def send_goal_async(self, goal: Any, feedback_callback: Callable | None = None, goal_uuid: Any = None):
         if feedback_callback is not None:

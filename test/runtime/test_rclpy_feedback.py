@@ -140,3 +140,48 @@ def test_rclpy_client_in_the_same_scenario_keeps_order_the_control(rclpy_context
                                                           feedback_sub_qos_profile=QoSProfile(depth=FEEDBACK_DEPTH)))
     assert got == list(range(len(got))), got
     print(f"rclpy's ActionClient delivered {len(got)} of {N_FEEDBACK} feedback messages")
+
+
+def test_a_client_destroyed_while_another_thread_spins_its_node_raises_nothing_there(rclpy_context, server):
+    """A client closed on a node that the caller's executor spins in another thread (LLMClient on a
+    node of the caller's): rclpy's destroy frees the handle while that executor may be between
+    is_ready and take_data on it, and its next take raised "action client pointer is invalid" in the
+    caller's executor (CI stop 36, test_ready_means_lifecycle_active[rclpy]). Our client never hands
+    a destroyed handle out: goals streaming feedback, each client destroyed at its first feedback,
+    and the spinning thread sees no exception."""
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+
+    from edge_llm_ros.action import Generate
+    from edge_llm_ros.runtime.ros import ActionClient
+
+    node = rclpy.create_node(f"destroying_client_{random.randint(0, 1 << 30)}", context=rclpy_context)
+    executor = MultiThreadedExecutor(num_threads=4, context=rclpy_context)
+    executor.add_node(node)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            try:
+                executor.spin_once(timeout_sec=0.05)
+            except Exception as exc:  # what a caller's executor would raise out of its spin
+                errors.append(exc)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        for _ in range(25):
+            client = ActionClient(node, Generate, "stream")
+            assert client.wait_for_server(timeout_sec=20), "the action server"
+            first = threading.Event()
+            client.send_goal_async(Generate.Goal(prompt="stream"), feedback_callback=lambda _msg, e=first: e.set())
+            assert first.wait(20), "a feedback message"
+            client.destroy()
+            client.destroy()  # twice is harmless
+        assert errors == []
+    finally:
+        stop.set()
+        thread.join(5)
+        executor.shutdown()
+        node.destroy_node()
