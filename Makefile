@@ -110,7 +110,7 @@ test: install ros2 vlm
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm test/vlm || vlm=$$?; \
 	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
 	  parallel=0; serial=0; \
-	  $(PY) -m pytest -q -m "not serial and not vlm" -n 2 --dist loadfile test || parallel=$$?; \
+	  $(PY) -m pytest -q -m "not serial and not vlm" -n 2 --dist loadfile --no-loadscope-reorder test || parallel=$$?; \
 	  $(PY) -m pytest -q -m "serial and not vlm" test || serial=$$?; \
 	  echo "make test: vlm pass exit $$vlm, parallel pass exit $$parallel, serial pass exit $$serial"; \
 	  test $$vlm = 0 -a $$parallel = 0 -a $$serial = 0

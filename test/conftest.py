@@ -12,6 +12,25 @@ import subprocess
 import threading
 import time
 
+
+def _pin_parallel_worker() -> None:
+    """In the parallel pass (pytest-xdist, `make test`'s `-n 2`) each worker, and every process it
+    starts, runs on its own share of the cores. A node's "every core" (threads 0: torch's and
+    llama.cpp's threads, core.drafts.loading.usable_cores) is then that share. Unpinned, a node with
+    a thread per core beside the other worker's made ggml's threads wait for each other by spinning:
+    test_serve_node's fifty goals took 193 s against 24-29 s in runs where its neighbour was idle,
+    the demo 120 s against 16 s alone. Before anything imports torch, which sizes its pool from the
+    affinity."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker[2:]) % count::count])
+
+
+_pin_parallel_worker()
+
 import pytest
 from callback_errors import SUITE as CALLBACK_ERRORS
 from support import DOMAINS_DRAWN, REPO, Proc, check_loopback_only, in_ci, python_module, ros_domain, wait_until
@@ -51,6 +70,25 @@ def pytest_collection_modifyitems(config, items):
             own = float(marker.args[0] if marker.args else kwargs.get("timeout", default))
             kwargs.pop("timeout", None)
         item.add_marker(pytest.mark.timeout(own + sum(budgets), **kwargs), append=False)
+    items[:] = longest_files_first(items, default)
+
+
+def longest_files_first(items: list, default: float) -> list:
+    """The test files in the order of the time their tests declare beyond the default timeout
+    (most first; the rest as collected), each file's tests in their order. `make test`'s parallel
+    pass hands whole files to its two workers in this order (--no-loadscope-reorder; xdist's own
+    order, most tests first, left the few long ones to the end: in CI stop 37 the replay test ran
+    alone for its last two minutes while the other worker idled)."""
+    def declared(item) -> float:
+        marker = item.get_closest_marker("timeout")
+        timeout = float(marker.args[0] if marker and marker.args else (marker and marker.kwargs.get("timeout")) or default)
+        return max(0.0, timeout - default)
+
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    ordered = sorted(files.values(), key=lambda tests: -sum(declared(t) for t in tests))
+    return [item for tests in ordered for item in tests]
 
 
 def failed_under_ci(report) -> None:

@@ -50,7 +50,7 @@ class NavigatorParams(QwenFrameParams):
                                  "over by /odom to the pose it starts from (false: stop-and-go)")
     max_actions: int = param(60, "an episode stops after this many actions", low=1)
     max_frame_age_s: float = param(1.0, "decide only from a frame at most this old (else wait for one)", low=0.01)
-    threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    threads: int = param(0, "torch intra-op threads (0 = every core it may run on)", low=0, high=1024)
     vlm: str = param("", "a local Qwen2-VL / Qwen2.5-VL checkpoint folder as the target ('' = SmolLM2 + the "
                          "navigation adapter); needs the vlm extra (qwen-vl-utils)")
     vlm_draft: str = param("", "the Qwen draft's checkpoint folder (same tokenizer as the target; '' = none, mode "

@@ -23,7 +23,7 @@ class StageParams(ManagedParams):
     count: int = param(0, "stages in the pipeline (0 = as many as layers gives ranges)", low=0, high=1024)
     layers: str = param("", "decoder layers, inclusive: this stage's a-b, or every stage's a-b,c-d,... "
                             "(this one's is the index-th); '' = every layer (a single stage)")
-    threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    threads: int = param(0, "torch intra-op threads (0 = every core it may run on)", low=0, high=1024)
     cpus: str = param("", "cores this stage's process is pinned to at configure, as taskset -c lists them "
                           "('1', '0-1'); '' = any core")
     wire_dtype: str = param("float32", "hidden states are sent as", choices=("float32", "float16", "bfloat16"))

@@ -64,7 +64,7 @@ class VerifierParams(QwenFrameParams):
     max_requests: int = param(8, "requests verified at once; more drafts are refused as busy", low=1, high=1024)
     max_pending: int = param(64, "drafts waiting for the verifier", low=1, high=65536)
     idle_timeout_s: float = param(30.0, "seconds after which an idle request's cache is freed", low=0.001)
-    threads: int = param(0, "torch intra-op threads (0 = every core)", low=0, high=1024)
+    threads: int = param(0, "torch intra-op threads (0 = every core it may run on)", low=0, high=1024)
     nav_adapter: str = param("", "also serve navigation decisions (task nav) with this adapter: 'shipped' (SmolLM2's, "
                                  "edge-llm-ros train nav) or a folder; '' = text only")
     nav_vlm: str = param("", "serve navigation decisions (task nav) with this local Qwen2-VL / Qwen2.5-VL checkpoint "

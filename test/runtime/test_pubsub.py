@@ -179,6 +179,12 @@ def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_a
     later query's answer takes 300 ms."""
     from edge_llm_ros.runtime import embedded
 
+    # the router knows the peer's tokens first (READY comes as they are declared, and they reach the
+    # router a moment later: CI stop 37 counted no subscriber once): what is tested is this process's
+    # late first call, not the peer's start
+    seer = rt_session.Node("graph_seer", namespace="rt_test")
+    wait_until(lambda: seer.count_subscribers("/rt_test/TokenChunk") == 1, 30, "the peer's subscription in the graph")
+    seer.destroy_node()
     context = embedded.Context(args=[])
     try:
         node = embedded.Node("late_graph", context=context)

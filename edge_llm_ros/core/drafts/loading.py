@@ -150,9 +150,17 @@ def tiny_target(max_context: int = 256) -> TorchCausalLM:
     return target
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one, else every core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def set_threads(threads: int | None) -> int:
-    """torch intra-op threads: ``threads``, or every core (``os.cpu_count()``)."""
-    n = threads or os.cpu_count() or 1
+    """torch intra-op threads: ``threads``, or every core this process may run on (its CPU affinity:
+    a node started under ``taskset`` or in a cpuset, as robots reserve cores, uses those only)."""
+    n = threads or usable_cores()
     if n < 1:
         raise LoadError(f"threads must be >= 1, got {n}")
     torch.set_num_threads(n)

@@ -38,7 +38,7 @@ class LocalParams:
     plan_file: str = param("", "the device plan ('' = $EDGE_LLM_ROS_PLAN, else ~/.config/edge_llm_ros/plan.json)")
     engine: str = param("auto", "what runs the target (auto = the plan's)", choices=("auto", "llama.cpp", "torch"))
     draft: str = param("", "draft spec for speculative modes ('' = the plan's draft engine's default draft)")
-    threads: int = param(0, "CPU threads for the models (0 = every core)", low=0, high=1024)
+    threads: int = param(0, "CPU threads for the models (0 = every core it may run on)", low=0, high=1024)
     context: int = param(2048, "tokens per request: prompt + answer", low=16, high=1_000_000)
     prefill_rows: int = param(64, "batched ar: prompt tokens decoded per step beside the running requests "
                                   "(smaller: earlier first tokens in a burst, shorter stalls)", low=1, high=65536)
