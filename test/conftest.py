@@ -77,7 +77,7 @@ def longest_files_first(items: list, default: float) -> list:
     """The test files in the order of the time their tests declare beyond the default timeout
     (most first; the rest as collected), each file's tests in their order. `make test`'s parallel
     pass hands whole files to its two workers in this order (--no-loadscope-reorder; xdist's own
-    order, most tests first, left the few long ones to the end: in CI stop 37 the replay test ran
+    order, most tests first, left the few long ones to the end: in a fresh-clone run the replay test ran
     alone for its last two minutes while the other worker idled)."""
     def declared(item) -> float:
         marker = item.get_closest_marker("timeout")

@@ -148,6 +148,21 @@ def test_generate_exit_status_of_a_real_process():
 # -- drafters and the transformers view of the draft ---------------------------------------------
 
 
+def test_every_core_means_every_core_this_process_may_run_on():
+    """threads 0 ("every core") under taskset or a cpuset, as a robot reserves cores: the affinity's
+    cores, not the machine's (os.cpu_count() would oversubscribe them)."""
+    import os
+
+    script = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+              "from edge_llm_ros.core.drafts.loading import set_threads; import torch; "
+              "print(set_threads(None), torch.get_num_threads(), set_threads(3))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["1", "1", "3"], out
+    from edge_llm_ros.core.drafts.loading import usable_cores
+
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
 def test_draft_specs(tiny, tmp_path):
     assert isinstance(build_drafter("lookup", tiny).drafter, PromptLookupDrafter)
     d = build_drafter("shallow:1:100", tiny)

@@ -180,7 +180,7 @@ def test_a_first_graph_call_after_the_young_window_still_waits_for_the_routers_a
     from edge_llm_ros.runtime import embedded
 
     # the router knows the peer's tokens first (READY comes as they are declared, and they reach the
-    # router a moment later: CI stop 37 counted no subscriber once): what is tested is this process's
+    # router a moment later: a fresh-clone run counted no subscriber once): what is tested is this process's
     # late first call, not the peer's start
     seer = rt_session.Node("graph_seer", namespace="rt_test")
     wait_until(lambda: seer.count_subscribers("/rt_test/TokenChunk") == 1, 30, "the peer's subscription in the graph")

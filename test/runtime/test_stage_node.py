@@ -176,7 +176,7 @@ def test_a_release_frees_the_cache_for_the_same_request_from_prefix_0(scheduler,
 def served_once_room_is_made(scheduler, request_id: str, ids: list[int], timeout: float = 20.0) -> list[int]:
     """Send the rows, and again (a new round) while a stage answers busy, as its refusal asks. A
     release travels on `prune`, apart from the rows, so it may land after rows sent later: stage 0 may
-    take a round's rows that stage 1, still full, refuses (CI stop 37). Then stage 0 holds them, so a
+    take a round's rows that stage 1, still full, refuses (a fresh-clone run, 2026-11-28). Then stage 0 holds them, so a
     retry first releases the request, as the pipeline's client does with a refused request, and a
     retry that overtakes that release is refused for its stale rows, and retried the same way."""
     import time
