@@ -142,15 +142,39 @@ class ActionClient(_RclpyActionClient):
 
     def __init__(self, node: Node, action_type: Any, action_name: str, **kwargs: Any) -> None:
         kwargs.setdefault("feedback_sub_qos_profile", QoSProfile(depth=FEEDBACK_DEPTH))
+        # before rclpy's __init__, which adds this client to the node: an executor spinning the node
+        # in another thread may ask it for its entities at once
+        self._handle_lock = threading.RLock()
+        self._destroyed = False
         super().__init__(node, action_type, action_name, **kwargs)
         self._streams: OrderedDict[bytes, Callable] = OrderedDict()  # goal id -> feedback callback
-        self._handle_lock = threading.Lock()
-        self._destroyed = False
 
-    # rclpy's destroy frees the handle at once, while an executor spinning the node in another
-    # thread may be between is_ready and take_data on it ("action client pointer is invalid": CI
-    # stop 36, a client closed on a node its caller spins). Taking and destroying exclude each other,
-    # and a destroyed client is never ready.
+    # Two races of rclpy's client with an executor spinning the node in another thread, which our
+    # clients meet (LLMClient on a node its caller spins; the test host's MultiThreadedExecutor):
+    # - rclpy's destroy frees the handle at once, while the executor may be between is_ready and
+    #   take_data on it ("action client pointer is invalid", CI stop 36). Taking and destroying
+    #   exclude each other, and a destroyed client is never ready.
+    # - a goal, cancel or result request is sent before its sequence number is registered, so a
+    #   response taken in between is "unexpected" and dropped, and the request's future never ends
+    #   (a fresh-clone run, 2026-11-28: "Ignoring unexpected goal response", then no answer in 30 s).
+    #   Sending and registering hold the lock that taking needs.
+    def send_goal_async(self, goal: Any, feedback_callback: Callable | None = None, goal_uuid: Any = None):
+        if feedback_callback is not None:
+            goal_uuid = goal_uuid or UUID(uuid=list(uuid.uuid4().bytes))
+            self._streams[bytes(goal_uuid.uuid)] = feedback_callback
+            while len(self._streams) > self.KEEP_STREAMS:
+                self._streams.popitem(last=False)
+        with self._handle_lock:
+            return super().send_goal_async(goal, feedback_callback, goal_uuid)
+
+    def _cancel_goal_async(self, goal_handle: Any):
+        with self._handle_lock:
+            return super()._cancel_goal_async(goal_handle)
+
+    def _get_result_async(self, goal_handle: Any):
+        with self._handle_lock:
+            return super()._get_result_async(goal_handle)
+
     def get_num_entities(self) -> Any:
         with self._handle_lock:
             return NumberOfEntities() if self._destroyed else super().get_num_entities()
@@ -174,14 +198,6 @@ class ActionClient(_RclpyActionClient):
                 return
             self._destroyed = True
             super().destroy()
-
-    def send_goal_async(self, goal: Any, feedback_callback: Callable | None = None, goal_uuid: Any = None):
-        if feedback_callback is not None:
-            goal_uuid = goal_uuid or UUID(uuid=list(uuid.uuid4().bytes))
-            self._streams[bytes(goal_uuid.uuid)] = feedback_callback
-            while len(self._streams) > self.KEEP_STREAMS:
-                self._streams.popitem(last=False)
-        return super().send_goal_async(goal, feedback_callback, goal_uuid)
 
     async def execute(self, taken_data: Any) -> None:
         feedback = taken_data.get("feedback")
