@@ -64,13 +64,18 @@ def pytest_collection_modifyitems(config, items):
                             for name in item.fixturenames if (d := defs.name2fixturedefs.get(name))]
         if not budgets or not sum(budgets):
             continue
-        own, kwargs = default, {}
-        if marker := item.get_closest_marker("timeout"):
-            kwargs = dict(marker.kwargs)
-            own = float(marker.args[0] if marker.args else kwargs.get("timeout", default))
-            kwargs.pop("timeout", None)
-        item.add_marker(pytest.mark.timeout(own + sum(budgets), **kwargs), append=False)
+        marker = item.get_closest_marker("timeout")
+        kwargs = {k: v for k, v in (marker.kwargs if marker else {}).items() if k != "timeout"}
+        item.add_marker(pytest.mark.timeout(declared_timeout(item, default) + sum(budgets), **kwargs), append=False)
     items[:] = longest_files_first(items, default)
+
+
+def declared_timeout(item, default: float) -> float:
+    """A test's own timeout: its `timeout` marker's, else pytest-timeout's default."""
+    marker = item.get_closest_marker("timeout")
+    if marker is None:
+        return default
+    return float(marker.args[0] if marker.args else marker.kwargs.get("timeout", default))
 
 
 def longest_files_first(items: list, default: float) -> list:
@@ -79,15 +84,11 @@ def longest_files_first(items: list, default: float) -> list:
     pass hands whole files to its two workers in this order (--no-loadscope-reorder; xdist's own
     order, most tests first, left the few long ones to the end: in a fresh-clone run the replay test ran
     alone for its last two minutes while the other worker idled)."""
-    def declared(item) -> float:
-        marker = item.get_closest_marker("timeout")
-        timeout = float(marker.args[0] if marker and marker.args else (marker and marker.kwargs.get("timeout")) or default)
-        return max(0.0, timeout - default)
-
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    ordered = sorted(files.values(), key=lambda tests: -sum(declared(t) for t in tests))
+    ordered = sorted(files.values(), key=lambda tests: -sum(max(0.0, declared_timeout(t, default) - default)
+                                                             for t in tests))
     return [item for tests in ordered for item in tests]
 
 

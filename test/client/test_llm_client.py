@@ -42,8 +42,6 @@ def served(request):
         client.wait_until_ready(30)
         yield server, client
     finally:
-        if probe is not None:  # out of the shared executor first: it must not take from a client being destroyed
-            host.executor.remove_node(probe)
         client.close()
         if probe is not None:
             probe.destroy_node()
