@@ -534,6 +534,9 @@ class Publisher(_Endpoint):
                 cache=zenoh.ext.CacheConfig(max_samples=qos.depth), publisher_detection=True)
         else:
             self._pub = node.context.session.declare_publisher(self.key, congestion_control=congestion)
+        # Zenoh's publisher refuses to be undeclared while another thread is in its put ("Already
+        # borrowed"): a server destroyed while its executor publishes a status. One at a time.
+        self._in_use = threading.Lock()
         self.topic_name = topic
         self.link = link
         self._announce()
@@ -557,15 +560,20 @@ class Publisher(_Endpoint):
         """Publish already-serialized CDR bytes (bag playback)."""
         attachment = self.attachment()
         if self.link is None:
-            self._pub.put(data, attachment=attachment)
+            self._put(data, attachment)
         else:
-            self.link.send(data, len(data), lambda payload: self._pub.put(payload, attachment=attachment))
+            self.link.send(data, len(data), lambda payload: self._put(payload, attachment))
+
+    def _put(self, payload: bytes, attachment: bytes) -> None:
+        with self._in_use:
+            self._pub.put(payload, attachment=attachment)
 
     def get_subscription_count(self) -> int:
         return sum(1 for e in self.node.graph() if e.kind == "MS" and e.name == self.topic_name)
 
     def destroy(self) -> None:
-        self._pub.undeclare()
+        with self._in_use:
+            self._pub.undeclare()
         super().destroy()
 
 

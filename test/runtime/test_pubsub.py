@@ -121,6 +121,40 @@ def test_a_node_declares_what_the_runtime_keeps_on_it(rt_session):
         node.destroy_node()
 
 
+def test_a_publisher_destroyed_while_another_thread_publishes_on_it_raises_nothing_there(rt_session):
+    """An action server is destroyed while its executor publishes a status: Zenoh's publisher
+    refused to be undeclared during a put ("Already borrowed", a CI teardown). The destroy now
+    waits for the put; a publish after it fails as before, with Zenoh's "Undeclared publisher"."""
+    import zenoh
+
+    node = rt_session.Node("destroyed_publishing", namespace="rt_destroy")
+    msg = registry().new("std_msgs/msg/String", data="x" * 4096)
+    after: list[Exception] = []
+    try:
+        for _ in range(20):
+            pub = node.create_publisher("std_msgs/msg/String", "/rt_destroy/busy", 10)
+            started = threading.Event()
+
+            def publish(pub=pub, started=started) -> None:
+                while True:
+                    started.set()
+                    try:
+                        pub.publish(msg)
+                    except zenoh.ZError as e:
+                        after.append(e)
+                        return
+
+            thread = threading.Thread(target=publish, daemon=True)
+            thread.start()
+            assert started.wait(10)
+            pub.destroy()  # raised "Already borrowed" when it met the other thread's put
+            thread.join(10)
+            assert not thread.is_alive()
+        assert len(after) == 20 and all("Undeclared publisher" in str(e) for e in after), after
+    finally:
+        node.destroy_node()
+
+
 @pytest.mark.slow
 def test_action_streams_500_feedback_in_order(rt_session, peer):
     node, Generate, client = generate_client(rt_session, "action_test")

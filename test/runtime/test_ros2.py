@@ -241,9 +241,9 @@ def pipeline(env):
                 proc.stop()
 
 
-# serial: serve_node decodes on llama.cpp with every core (threads 0), whose threads wait for each other
-# by spinning; beside the other worker's tests a 128-token answer was still at token 121 after 120 s
-@pytest.mark.serial
+# In the parallel pass: serve_node decodes on llama.cpp with every core it may run on (threads 0), and
+# the pinned worker's share is one core. (Unpinned beside the other worker, ggml's threads waited for
+# each other by spinning: a 128-token answer was still at token 121 after 120 s.)
 @pytest.mark.timeout(1500)
 def test_pipeline_launch_answers_the_ros2_cli(env, pipeline, references):
     # started first: its subscription has the node and parameter checks' time to be matched
