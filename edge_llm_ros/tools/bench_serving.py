@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"new tokens per request (default {MAX_NEW_TOKENS}; --quick {QUICK_MAX_NEW_TOKENS})")
     p.add_argument("--threads", type=int, default=None,
-                   help="llama.cpp threads of the baseline, the raw batch and the node (default: every core)")
+                   help="llama.cpp threads of the baseline, the raw batch and the node (default: every core it may run on)")
     p.add_argument("--model", default=None, metavar="GGUF",
                    help=f"the GGUF (default: the shipped SmolLM2-135M-Instruct; given to the node as {MODEL_ARG}:=)")
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
@@ -360,10 +360,12 @@ def run(args: argparse.Namespace, progress: bool) -> dict:
         max_new = QUICK_MAX_NEW_TOKENS if args.quick else MAX_NEW_TOKENS
     if per_client < 1 or max_new < 1:
         raise ToolError("--requests-per-client and --max-new-tokens must be >= 1")
-    threads = args.threads if args.threads is not None else (os.cpu_count() or 1)
+    from edge_llm_ros.core.drafts.loading import usable_cores
+    from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
+
+    threads = args.threads if args.threads is not None else usable_cores()
     if threads < 1:
         raise ToolError(f"--threads must be >= 1, got {threads}")
-    from edge_llm_ros.core.engine.llama_backend import llama_cpp_available
     from edge_llm_ros.core.engine.models import _model_path
 
     if not llama_cpp_available():

@@ -46,7 +46,7 @@ def add_shared_options(p: argparse.ArgumentParser, lr: float, checkpoint_every: 
     p.add_argument("--work", type=Path, default=None,
                    help="dataset cache, features + checkpoints (default: ~/.cache/edge_llm_ros/train/NAME)")
     p.add_argument("--resume", action="store_true", help="continue training from the work directory's checkpoint")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core this process may run on)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -95,12 +95,10 @@ class Run:
 
 def start_run(args, out_dir: str, suffix: str = "") -> Run:
     """Threads, name, ``--out`` (default ``out_dir/NAME<suffix>``) and work directory, then the target."""
-    import torch
-
+    from edge_llm_ros.core.drafts.loading import set_threads
     from edge_llm_ros.core.engine.models import load_model
 
-    threads = args.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
+    threads = set_threads(args.threads)
     name = args.name or (DEFAULT_NAME if args.model is None else Path(args.model).stem.lower())
     work = args.work or default_work_dir(name)
     work.mkdir(parents=True, exist_ok=True)
