@@ -266,14 +266,20 @@ def test_a_client_that_dies_mid_goal_frees_its_slot(request, router_endpoint, no
         proc.stop()
 
 
+# How long each `ros2 lifecycle --no-daemon` waits for discovery. At its default (0.5 s) it missed the
+# node 13 times in 16 calls on a quiet machine (1.2 s each, then again), and a CI run's test took 66 s.
+LIFECYCLE_SPIN_S = 2.0
+
+
 def lifecycle(host, *args: str) -> str:
     """`ros2 lifecycle ARGS` under rclpy, `edge-llm-ros lifecycle ARGS` on the embedded backend: its
     output. Tried again while the ros2 CLI's discovery has not found the node yet ("Node not
     found", which it says before it changes anything)."""
     def attempt() -> str | None:
         if host.backend == "rclpy":
-            out = subprocess.run(["ros2", "lifecycle", args[0], "--no-daemon", *args[1:]], capture_output=True,
-                                 text=True, timeout=120, env={**os.environ, **host.child_env}, cwd=REPO)
+            out = subprocess.run(["ros2", "lifecycle", args[0], "--no-daemon", "--spin-time", f"{LIFECYCLE_SPIN_S:g}",
+                                  *args[1:]], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, **host.child_env}, cwd=REPO)
         else:
             out = cli("lifecycle", *args, timeout=120)
         text = out.stdout + out.stderr
