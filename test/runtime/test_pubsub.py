@@ -123,7 +123,7 @@ def test_a_node_declares_what_the_runtime_keeps_on_it(rt_session):
 
 def test_a_publisher_destroyed_while_another_thread_publishes_on_it_raises_nothing_there(rt_session):
     """An action server is destroyed while its executor publishes a status: Zenoh's publisher
-    refused to be undeclared during a put ("Already borrowed", a CI teardown). The destroy now
+    refused to be undeclared during a put ("Already borrowed", in a test's teardown). The destroy now
     waits for the put; a publish after it fails as before, with Zenoh's "Undeclared publisher"."""
     import zenoh
 
