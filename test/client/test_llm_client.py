@@ -32,10 +32,16 @@ FAILING = {1: errors.Busy, 2: errors.Inactive, 3: errors.Invalid, 4: errors.Peer
 
 @pytest.fixture(params=BACKENDS)
 def served(request):
-    """(the fake server, a client of it) in a namespace of their own, on the backend named."""
+    """(the fake server, a client of it) in a namespace of their own, on the backend named. The
+    server's node is an active lifecycle node, as the package's servers are, so the client is ready
+    as soon as get_state says so (a server that is no lifecycle node costs it DISCOVERY_S of looking
+    for get_state: test_a_server_that_leaves_mid_request_is_server_gone has one)."""
     host = host_for(request, request.param)
     namespace = f"/client_test_{next(_spaces)}"
-    server = FakeLLM(host, namespace)
+    node = lifecycle_node(host, namespace)
+    node.trigger_configure()
+    node.trigger_activate()
+    server = FakeLLM(host, namespace, lifecycle_node=node)
     probe = host.Node("client_probe", namespace=namespace) if host.backend == "rclpy" else None
     client = LLMClient(namespace, node=probe, timeout=20.0, connect_timeout=20.0)
     try:

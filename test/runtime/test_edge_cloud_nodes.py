@@ -82,18 +82,36 @@ def reference(greedy):
     return {prompt: greedy(prompt, MAX_NEW_TOKENS)[:2] for prompt in PROMPTS}
 
 
+class Deployment(NamedTuple):
+    verifier: Proc
+    draft: Proc
+    probe: object  # a node of the test process
+    llm: LLMClient  # a client of generate on the probe
+    host: object  # the node host of the backend
+    restarted: list  # processes a test started in the deployment's place; stopped with it
+
+
+def pytest_generate_tests(metafunc):
+    """Every test of the deployment not parametrized over BACKENDS runs on the embedded one, as
+    nodes[zenoh]: one deployment per backend in this module, not one more for the default."""
+    if "nodes" in metafunc.fixturenames and not any(
+            "nodes" in [name.strip() for name in str(mark.args[0]).split(",")]
+            for mark in metafunc.definition.iter_markers("parametrize")):
+        metafunc.parametrize("nodes", [BACKENDS[0]], indirect=True)
+
+
 @pytest.fixture(scope="module")
 @setup_budget(870)
 def nodes(request, router_endpoint):
     """verifier_node and draft_node as two processes on the backend the test names (``indirect``;
-    default the embedded one); yields (verifier, draft, probe node, a client of generate on the probe,
-    node host)."""
-    host = host_for(request, getattr(request, "param", "zenoh"))
+    pytest_generate_tests makes it the embedded one for the rest): a Deployment."""
+    host = host_for(request, request.param)
     verifier = Proc(node_cmd("verifier_node"), env=host.child_env)
     draft = Proc(node_cmd("draft_node", "draft_backend:=torch", f"max_new_tokens:={MAX_NEW_TOKENS}",
                           f"timeout_s:={TIMEOUT_S}"), env=host.child_env)
     probe = host.Node("edge_cloud_probe", namespace="edge_llm")
     llm = LLMClient("/edge_llm", node=probe, timeout=240.0)
+    restarted: list[Proc] = []
     try:
         verifier.wait_for_line("emulated link on /edge_llm/verify: 25.0 ms one-way, 100.0 Mbit/s", 120)
         draft.wait_for_line("emulated link on /edge_llm/draft: 25.0 ms one-way, 100.0 Mbit/s", 120)
@@ -102,11 +120,11 @@ def nodes(request, router_endpoint):
         wait_until(lambda: probe.count_subscribers("/edge_llm/draft") >= 1
                    and probe.count_subscribers("/edge_llm/verify") >= 1, 30, "draft and verify subscriptions")
         assert llm.wait_until_ready(30) == "/edge_llm/draft_node"
-        yield verifier, draft, probe, llm, host
+        yield Deployment(verifier, draft, probe, llm, host, restarted)
     finally:
         llm.close()
         probe.destroy_node()
-        for proc in (draft, verifier):
+        for proc in (draft, verifier, *restarted):
             proc.stop()
 
 
@@ -195,7 +213,7 @@ def test_llama_cpp_draft_node_streams_the_target_greedy_output(nodes, reference)
     """A second draft_node on the same verifier drafting on llama.cpp (draft_backend:=llama.cpp, the
     shipped draft's GGUF, a goal namespace of its own): ee output equals SmolLM2's greedy output."""
 
-    _, _, probe, _, host = nodes
+    probe, host = nodes.probe, nodes.host
     draft = Proc([*node_cmd("draft_node", "draft_backend:=llama.cpp", f"max_new_tokens:={MAX_NEW_TOKENS}",
                             f"timeout_s:={TIMEOUT_S}"), "-r", "generate:=generate_llama"], env=host.child_env)
     llm = LLMClient("/edge_llm", node=probe, action="generate_llama", timeout=120.0)
@@ -227,7 +245,7 @@ def assert_sampled_defaults_work_in_every_mode(llm) -> None:
 
 @pytest.mark.timeout(240)
 def test_sampled_goals_with_default_settings_succeed_in_every_mode(nodes):
-    assert_sampled_defaults_work_in_every_mode(nodes[3])
+    assert_sampled_defaults_work_in_every_mode(nodes.llm)
 
 
 @pytest.mark.parametrize("goal, reason", [
@@ -243,7 +261,7 @@ def test_sampled_goals_with_default_settings_succeed_in_every_mode(nodes):
 def test_a_goal_with_a_field_out_of_range_is_aborted_with_the_reason(nodes, goal, reason):
     """Refused by the node as Invalid (RequestStatus INVALID), the reason in finish_reason."""
     goal = dict(goal)
-    sent = send(nodes[3], goal.pop("prompt"), **goal)
+    sent = send(nodes.llm, goal.pop("prompt"), **goal)
     with pytest.raises(errors.Invalid) as refused:
         sent.wait(60)
     assert refused.value.result.finish_reason.startswith(reason), refused.value.result.finish_reason
@@ -253,7 +271,7 @@ def test_a_goal_with_a_field_out_of_range_is_aborted_with_the_reason(nodes, goal
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
 @pytest.mark.timeout(180)
 def test_streamed_text_equals_target_greedy_over_50ms_rtt(nodes, reference):
-    llm = nodes[3]
+    llm = nodes.llm
     for prompt in PROMPTS:
         tokens, text = reference[prompt]
         start = time.monotonic()
@@ -284,7 +302,7 @@ def test_the_verifier_measures_itself_on_request_between_drafts(nodes):
     (the edge-cloud bench's simulator takes the server's speed from it); bad counts refused."""
     from edge_llm_ros import runtime as rt
 
-    probe = nodes[2]  # on the embedded backend (the fixture's default)
+    probe = nodes.probe  # on the embedded backend
     Profile = rt.service("edge_llm_ros/srv/Profile")
     client = probe.create_client(Profile, "/edge_llm/verifier_node/profile")
     try:
@@ -301,7 +319,7 @@ def test_the_verifier_measures_itself_on_request_between_drafts(nodes):
 
 def test_malformed_draft_gets_an_error_naming_the_field(nodes):
 
-    _, _, probe, _, host = nodes
+    probe, host = nodes.probe, nodes.host
     results, got = [], threading.Event()
 
     def on_verify(msg) -> None:
@@ -365,7 +383,7 @@ def test_unconfigured_nodes_answer_requests_with_the_lifecycle_error(embedded_ho
 
 def test_instruction_streams_token_chunks_on_response(nodes, reference):
 
-    _, _, probe, _, host = nodes
+    probe, host = nodes.probe, nodes.host
     chunks, done = [], threading.Event()
 
     def on_chunk(msg) -> None:
@@ -392,7 +410,7 @@ def test_instruction_streams_token_chunks_on_response(nodes, reference):
 
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
 def test_cancel_ends_the_goal_cancelled(nodes):
-    sent = send(nodes[3], "Write a long story about a robot that learns to cook.", max_new_tokens=400)
+    sent = send(nodes.llm, "Write a long story about a robot that learns to cook.", max_new_tokens=400)
     assert sent.first.wait(60), "no feedback before cancel"
     sent.request.cancel()
     with pytest.raises(errors.Cancelled) as cancelled:
@@ -408,7 +426,7 @@ def test_every_mode_streams_the_target_greedy_output_64_tokens(nodes, greedy, mo
     the target's greedy output; the request's stats printed for the CI log."""
     ref = greedy(prompt, LONG)
     start = time.monotonic()
-    result = assert_greedy(send(nodes[3], prompt, mode=mode, max_new_tokens=LONG), ref, timeout=240)
+    result = assert_greedy(send(nodes.llm, prompt, mode=mode, max_new_tokens=LONG), ref, timeout=240)
     elapsed = time.monotonic() - start
     stats = result.stats
     assert stats.mode == mode and stats.tokens == len(ref.tokens)
@@ -426,7 +444,7 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
     """A probe on the wire repeats, for the live request, each final VerifyResult right after it
     (duplicate), the previous round's final (stale) and the round's early outcomes (overtaken by
     their final). The output stays the greedy one; draft_node logs what it ignored."""
-    _, draft, probe, llm, host = nodes
+    draft, probe, llm, host = nodes.draft, nodes.probe, nodes.llm, nodes.host
     prompt = PROMPTS[0]
     ids, draft_sub = watch_request_ids(host, probe, list(references.chat_ids(prompt)))
     lock = threading.Lock()
@@ -496,7 +514,7 @@ def test_duplicate_stale_and_overtaken_verify_results_are_ignored(nodes, greedy,
 def test_stats_per_request_and_periodic_aggregate(nodes, greedy, references):
     """A goal whose greedy answer stops at EOS, in sd: the output ends with the EOS token, and
     `stats` carries that request's InferenceStats, then (the next stats_period_s tick) the aggregate."""
-    _, _, probe, llm, host = nodes
+    probe, llm, host = nodes.probe, nodes.llm, nodes.host
     ref = greedy(EOS_PROMPT, LONG)
     assert ref.finish_reason == "eos" and len(ref.tokens) < LONG
     ids, draft_sub = watch_request_ids(host, probe, list(references.chat_ids(EOS_PROMPT)))
@@ -531,7 +549,7 @@ def test_stats_per_request_and_periodic_aggregate(nodes, greedy, references):
 def test_unknown_mode_aborts_the_goal_and_the_next_goal_is_served(nodes, greedy):
     from edge_llm_ros.core.edge_cloud import EDGE_MODES
 
-    _, draft, _, llm, host = nodes
+    draft, llm = nodes.draft, nodes.llm
     sent = send(llm, PROMPTS[1], mode="llmcad")
     with pytest.raises(errors.Invalid) as refused:
         sent.wait(30)
@@ -548,7 +566,7 @@ def test_concurrent_goals_are_served_together_and_stay_lossless(nodes, greedy):
     """Two goals at once, one in cloud decoding (a round per token, queued behind the other's drafts)
     and one in ee: both finish, both exactly greedy, and they overlap in time (neither waits for the other)."""
     refs = [greedy(p, MAX_NEW_TOKENS) for p in PROMPTS]
-    goals = [send(nodes[3], p, mode=m, max_new_tokens=MAX_NEW_TOKENS) for p, m in zip(PROMPTS, ("ar", "ee"))]
+    goals = [send(nodes.llm, p, mode=m, max_new_tokens=MAX_NEW_TOKENS) for p, m in zip(PROMPTS, ("ar", "ee"))]
     assert all(goal.first.wait(60) for goal in goals)  # both have streamed before either ended
     results = [assert_greedy(goal, ref) for goal, ref in zip(goals, refs)]
     assert results[0].stats.mode == "ar" and results[1].stats.mode == "ee"
@@ -568,7 +586,7 @@ def draft_readers(probe, host) -> set:
 @pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
 @pytest.mark.timeout(360)
 def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves(nodes, greedy):
-    verifier, draft, probe, llm, host = nodes
+    verifier, draft, probe, llm, host = nodes.verifier, nodes.draft, nodes.probe, nodes.llm, nodes.host
     sent = send(llm, "Write a long story about a robot that learns to cook.", max_new_tokens=400)
     assert sent.first.wait(60), "no feedback before the kill"
     verifier.popen.send_signal(signal.SIGKILL)
@@ -591,9 +609,7 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves
     # a verifier is back: the same draft_node serves the next goal, lossless
     dead = draft_readers(probe, host)  # what is left of the killed verifier (rclpy: its reader, until its lease ends)
     revived = Proc(node_cmd("verifier_node"), env=host.child_env)
-    try:
-        revived.wait_for_line("verifying /edge_llm/draft -> /edge_llm/verify", 180)
-        wait_until(lambda: draft_readers(probe, host) - dead, 30, "the new verifier's subscription")
-        assert_greedy(send(llm, PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS), greedy(PROMPTS[0], MAX_NEW_TOKENS))
-    finally:
-        revived.stop()
+    nodes.restarted.append(revived)  # the deployment's verifier from now on, for the module's later tests
+    revived.wait_for_line("verifying /edge_llm/draft -> /edge_llm/verify", 180)
+    wait_until(lambda: draft_readers(probe, host) - dead, 30, "the new verifier's subscription")
+    assert_greedy(send(llm, PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS), greedy(PROMPTS[0], MAX_NEW_TOKENS))
