@@ -104,9 +104,9 @@ SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup
 # .venv's), their two files on two pytest-xdist workers; then everything else but the tests marked
 # `serial` on two workers, a test file to a worker (--dist loadfile: a module's node processes start
 # once; the core tests pin torch to one thread: test/core/conftest.py; each worker has its own Zenoh
-# router and ROS domains); then the `serial` ones (the reliability run, calibration, the duration
-# bounds) one at a time, as they time and load the machine themselves. All always run; the target
-# fails if any failed.
+# router and ROS domains); then the `serial` ones (the benches, the reliability run, the duration
+# and memory bounds) one at a time, as they time and load the machine themselves. All always run;
+# the target fails if any failed.
 test: install ros2 vlm
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm -n 2 --dist loadfile test/vlm || vlm=$$?; \
 	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
