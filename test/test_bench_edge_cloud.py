@@ -146,7 +146,8 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, message):
     assert len(err.getvalue().splitlines()) == 1 and message in err.getvalue(), err.getvalue()
 
 
-@pytest.mark.slow  # on a worker's own core, as every process it starts: the report's shape and exactness, no speed
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(660)
 def test_quick_run_over_two_processes_writes_json_and_png(tmp_path):
     """The real thing, small: SmolLM2 in draft_node and verifier_node, RTT 50 ms, one prompt x 16 tokens,

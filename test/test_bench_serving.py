@@ -179,7 +179,8 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, message):
     assert len(err.getvalue().splitlines()) == 1 and message in err.getvalue(), err.getvalue()
 
 
-@pytest.mark.slow  # on a worker's own core, as every process it starts: the report's shape and exactness, no speed
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(960)
 def test_quick_run_of_the_launched_pipeline_writes_json_and_png(tmp_path):
     """The real thing, small: the pipeline launched, 1, 2 and 4 clients x 2 requests x 16 tokens, every

@@ -334,7 +334,7 @@ def test_smollm2_generate_sd_prints_the_same_text_as_ar():
     assert len(texts["ar"].strip()) > 10  # real words, decoded
 
 
-# Not serial: one thread on a worker's own core; it asserts exactness and what the report holds, no speed.
+@pytest.mark.serial  # times rows on the real model: alone, not beside other tests
 def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
     """The llama.cpp rows of the engine bench: llama.cpp's own generation (the llama_ros baseline) and our
     modes on the llama.cpp backend, compared with it token for token, in the same run."""
@@ -354,7 +354,7 @@ def test_bench_llama_cpp_rows_on_the_real_model(tmp_path):
 # -- plan --device --------------------------------------------------------------------------------
 
 
-# Not serial: one thread on a worker's own core; the plan follows the speeds it measured there, whatever they are.
+@pytest.mark.serial  # measures both backends; the plan follows the speeds: alone, not beside other tests
 def test_plan_device_quick_measures_both_backends_and_saves_the_plan(tmp_path):
     from edge_llm_ros.tools import plan
 

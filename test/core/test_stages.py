@@ -218,7 +218,8 @@ print(sum(1 for p in home.hf.parameters() if p.is_meta), rss_mb() - before)
 """
 
 
-@pytest.mark.slow  # RSS of a fresh process, which no other process changes
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(360)
 def test_a_robots_draft_holds_the_targets_embedding_and_head_not_the_target():
     """By RSS, each in a fresh process: the shipped draft on its home (core/drafts/loading.draft_home: the
@@ -245,7 +246,8 @@ def test_a_robots_draft_holds_the_targets_embedding_and_head_not_the_target():
     assert slim.tokens == load_drafter(load_model()).propose(context, spec, Sampler(0.0)).tokens
 
 
-@pytest.mark.slow  # RSS of a fresh process, which no other process changes
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(360)
 def test_a_middle_stage_of_smollm2_grows_its_process_by_a_fraction_of_the_model():
     """By RSS, in a fresh process: 8 of 30 layers, no embedding, no head."""
