@@ -93,7 +93,8 @@ class Deployment(NamedTuple):
 
 def pytest_generate_tests(metafunc):
     """Every test of the deployment not parametrized over BACKENDS runs on the embedded one, as
-    nodes[zenoh]: one deployment per backend in this module, not one more for the default."""
+    nodes[zenoh]: one deployment per backend in this module, not one more for the default. pytest
+    groups a module fixture's tests by the parameter's index, so this one must be BACKENDS[0]'s."""
     if "nodes" in metafunc.fixturenames and not any(
             "nodes" in [name.strip() for name in str(mark.args[0]).split(",")]
             for mark in metafunc.definition.iter_markers("parametrize")):
