@@ -212,9 +212,18 @@ class Operator:
         return Navigator(NavAdapter.load(None, target), target).decide(self.frame, INSTRUCTION)
 
 
+# The Operator's navigators decide on one frame, stamped afresh each time it is shown; how old a
+# frame may be is not what their tests check. go2_sim.yaml's 2 s is a bound on decision time: on a
+# worker's one core beside two stage processes, decisions through the stages took 1.9-2.3 s (CI,
+# 2026-11-28, the other core running a bench), each was dropped as stale, and the episode ended
+# "decisions too slow" before any answer. `bench --scenario nav` measures decision times.
+OPERATOR_FRAME_AGE_S = 30.0
+
+
 def navigator_proc(host, *params: str) -> Proc:
     return Proc([sys.executable, "-m", "edge_llm_ros.nodes.navigator_node", "--ros-args", "--params-file",
                  str(REPO / "config" / "go2_sim.yaml"), "-p", "overlap:=false",
+                 "-p", f"max_frame_age_s:={OPERATOR_FRAME_AGE_S}",
                  *(arg for p in params for arg in ("-p", p))], env=host.child_env)
 
 
