@@ -41,6 +41,7 @@ from rclpy.action import ActionServer as _RclpyActionServer
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor, await_or_execute
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn  # noqa: F401 - runtime's names
 from rclpy.node import Node as _RclpyNode
 from rclpy.parameter import Parameter
@@ -240,5 +241,12 @@ def spin(node: Node) -> None:
         executor.spin()
     except ExternalShutdownException:
         pass
+    except _rclpy.RCLError:
+        # A SIGINT/SIGTERM runs its handler (which shuts the context down) in this thread, between
+        # two bytecodes of spin: after spin checked the context and before it built the wait set,
+        # rcl refuses the wait set for a context no longer valid (CI, a serve_node stopped while
+        # loading its model exited 1). That is a shutdown too; any other RCLError is not.
+        if executor.context.ok():
+            raise
     finally:
         executor.shutdown()

@@ -12,7 +12,9 @@ The states, each where the work runs on that backend:
 - serve_node generating: a long Generate goal streaming feedback.
 
 Before runtime/stopping.py, planner_node went on calibrating for 27 s after SIGTERM here (the
-launcher's SIGKILL came first), and serve_node loading for 15-24 s.
+launcher's SIGKILL came first), and serve_node loading for 15-24 s. Under rclpy a signal that shut
+the context down inside spin, before its wait set, made serve_node exit 1 (CI, 2026-11-28):
+test_a_wait_set_refused_for_a_shut_down_context_ends_spin_as_a_shutdown plays that race.
 """
 
 from __future__ import annotations
@@ -174,3 +176,41 @@ def test_serve_node_stops_while_generating(host, procs, tmp_path):
         assert_clean(serve)
     finally:
         llm.close()
+
+
+SPIN_RACE = '''
+import sys
+import rclpy
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from edge_llm_ros.runtime import ros
+
+rclpy.init()
+node = ros.Node("spin_race")
+signalled = sys.argv[1] == "signalled"
+
+
+def spin_once(self, timeout_sec=None):
+    if signalled:  # what rclpy's SIGTERM handler does, run between spin's check and its wait set
+        rclpy.shutdown()
+    raise _rclpy.RCLError("failed to initialize wait set: the given context is not valid")
+
+
+MultiThreadedExecutor.spin_once = spin_once
+ros.spin(node)
+print("spin returned", flush=True)
+'''
+
+
+@pytest.mark.parametrize("signalled", [True, False], ids=["context shut down", "context still valid"])
+def test_a_wait_set_refused_for_a_shut_down_context_ends_spin_as_a_shutdown(ros2_env, signalled):
+    """runtime.ros.spin, when rcl refuses the wait set because a signal shut the context down between
+    spin's check and the wait set (a serve_node stopped while loading exited 1 so in CI): spin
+    returns as after any shutdown. The same RCLError with the context still valid is raised."""
+    out = subprocess.run([sys.executable, "-c", SPIN_RACE, "signalled" if signalled else "valid"],
+                         env={**ros2_env, "EDGE_LLM_BACKEND": "rclpy"}, capture_output=True, text=True, timeout=60)
+    if signalled:
+        assert out.returncode == 0 and "spin returned" in out.stdout, out.stdout + out.stderr
+    else:
+        assert out.returncode == 1 and "RCLError: failed to initialize wait set" in out.stderr, out.stdout + out.stderr
+        assert "spin returned" not in out.stdout
