@@ -105,14 +105,15 @@ SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup
 # `serial` on two workers, a test file to a worker (--dist loadfile: a module's node processes start
 # once; the core tests pin torch to one thread: test/core/conftest.py; each worker has its own Zenoh
 # router and ROS domains); then the `serial` ones (the benches, the reliability run, the duration
-# and memory bounds) one at a time, as they time and load the machine themselves. All always run;
+# and memory bounds) one at a time, as they time and load the machine themselves, collected from the
+# files that mark some (`pytest.mark.serial` in the file: no time spent collecting the rest). All always run;
 # the target fails if any failed.
 test: install ros2 vlm
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm -n 2 --dist loadfile test/vlm || vlm=$$?; \
 	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
 	  parallel=0; serial=0; \
 	  $(PY) -m pytest -q -m "not serial and not vlm" -n 2 --dist loadfile --no-loadscope-reorder test || parallel=$$?; \
-	  $(PY) -m pytest -q -m "serial and not vlm" test || serial=$$?; \
+	  $(PY) -m pytest -q -m "serial and not vlm" $$(grep -rlE --include='test_*.py' 'mark\.serial' test) || serial=$$?; \
 	  echo "make test: vlm pass exit $$vlm, parallel pass exit $$parallel, serial pass exit $$serial"; \
 	  test $$vlm = 0 -a $$parallel = 0 -a $$serial = 0
 

@@ -54,6 +54,8 @@ class RclpyHost:
         rclpy.init(context=self.context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
         self._closing = False
+        self._doomed: list[tuple[Any, threading.Event]] = []  # nodes to destroy on the spin thread
+        self._doomed_lock = threading.Lock()
         callback_errors = callback_errors or callback_errors_module.SUITE
         self._thread = threading.Thread(target=callback_errors.spin, args=(self._spin_once, self._running),
                                         daemon=True, name="rclpy-host")
@@ -71,18 +73,46 @@ class RclpyHost:
         run 18 looked like that)."""
         from rclpy.executors import ExternalShutdownException
 
+        self._destroy_doomed()
         try:
             self.executor.spin_once(timeout_sec=0.2)
         except (ExternalShutdownException, KeyboardInterrupt):
             self._closing = True
 
+    def _destroy_doomed(self) -> None:
+        with self._doomed_lock:
+            doomed, self._doomed = self._doomed, []
+        for node, done in doomed:
+            try:
+                node.destroy_now()
+            finally:
+                done.set()
+
+    def _destroy(self, node: Any) -> None:
+        """Destroy ``node`` on the spin thread, between two turns of the executor. From another thread,
+        rclpy's executor may be putting the node's entities into its wait set at that moment (it took
+        the node list before remove_node), and that raises InvalidHandle ('destruction was requested')
+        on the spin thread: CI, 2026-11-28, a probe destroyed as its test ended."""
+        if threading.current_thread() is self._thread or self._closing or not self._thread.is_alive():
+            node.destroy_now()
+            return
+        done = threading.Event()
+        with self._doomed_lock:
+            self._doomed.append((node, done))
+        self.executor.wake()
+        if not done.wait(10):
+            raise TimeoutError(f"the rclpy host's spin thread did not destroy node {node.get_name()!r} within 10 s")
+
     def Node(self, name: str, namespace: str = "") -> Any:
         from rclpy.node import Node
 
-        executor = self.executor
+        host, executor = self, self.executor
 
         class HostNode(Node):
-            def destroy_node(self) -> None:  # leave the executor first: it must not wait on its entities
+            def destroy_node(self) -> None:
+                host._destroy(self)
+
+            def destroy_now(self) -> None:  # leave the executor first: it must not wait on its entities
                 executor.remove_node(self)
                 super().destroy_node()
 
@@ -106,6 +136,7 @@ class RclpyHost:
         self.executor.shutdown(5)
         self._rclpy.try_shutdown(context=self.context)
         self._thread.join(5)
+        self._destroy_doomed()
 
 
 BACKENDS = ("zenoh", "rclpy")
