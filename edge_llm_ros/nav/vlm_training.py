@@ -65,8 +65,11 @@ def instruction_for(target: str) -> str:
     return f"go to the {target}"
 
 
-def world_for(seed: int, target: str) -> World:
-    return generate(seed, GenerateConfig(target=target, clear_path=True))
+def world_for(seed: int, target: str, decoys: bool = False) -> World:
+    """A clear-path training world; with ``decoys``, the other TRAIN_TARGETS stand where searching
+    from the start shows one of them before the target (worldgen.GenerateConfig.decoys)."""
+    others = tuple(t for t in TRAIN_TARGETS if t != target) if decoys else ()
+    return generate(seed, GenerateConfig(target=target, clear_path=True, decoys=others))
 
 
 def frame_labels(world: World, pose: Pose, config: ExpertConfig = TEACHER) -> np.ndarray:
@@ -96,15 +99,16 @@ def labelled(world: World, pose: Pose, target: str, camera: Camera, teacher: Exp
 
 
 def collect_samples(seeds: Sequence[int], camera: Camera, perturb: int = 2, rng_seed: int = 0,
-                    progress: Callable[[int], None] | None = None, teacher: ExpertConfig = TEACHER) -> list[Sample]:
-    """The camera expert's frames in each seed's world (its target cycling through TRAIN_TARGETS):
-    every pose of its rollout, and ``perturb`` poses pushed off each (turned up to 60 degrees,
-    shifted up to 0.4 m, where the robot fits)."""
+                    progress: Callable[[int], None] | None = None, teacher: ExpertConfig = TEACHER,
+                    decoys: bool = False) -> list[Sample]:
+    """The camera expert's frames in each seed's world (its target cycling through TRAIN_TARGETS;
+    ``decoys``: the other targets seen first, world_for): every pose of its rollout, and ``perturb``
+    poses pushed off each (turned up to 60 degrees, shifted up to 0.4 m, where the robot fits)."""
     rng = random.Random(rng_seed)
     samples = []
     for n, seed in enumerate(seeds):
         target = target_for(seed)
-        world = world_for(seed, target)
+        world = world_for(seed, target, decoys)
         poses = [pose for pose, _ in rollout(world, lambda w, p: camera_expert(w, p, config=teacher)).steps]
         for pose in list(poses):
             for _ in range(perturb):

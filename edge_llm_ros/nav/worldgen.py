@@ -130,12 +130,25 @@ class GenerateConfig:
     start_gap_m: float = 2.0  # the robot starts at least this far from the target, body to body
     hfov_deg: float = 90.0  # the target starts out of view: outside this field of view, or hidden
     clear_path: bool = False  # the straight line from the start to the target keeps `PATH_MARGIN_M` clear
+    # Kinds that stand among the distractors where a robot searching left from the start sees one of
+    # them before the target (within DECOY_TURNS of its turns, at most DECOY_RANGE_M away, nothing
+    # between): the other targets a navigator was taught, to teach it that they are not this one.
+    decoys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.target not in KINDS:
             raise ValueError(f"target: expected one of {sorted(KINDS)}, got {self.target!r}")
         if not 0 <= self.distractors[0] <= self.distractors[1] <= len(KINDS) - 1:
             raise ValueError(f"distractors: expected (low, high) within 0..{len(KINDS) - 1}, got {self.distractors}")
+        unknown = [d for d in self.decoys if d not in KINDS or d == self.target]
+        if unknown or len(set(self.decoys)) != len(self.decoys) or len(self.decoys) > self.distractors[1]:
+            raise ValueError(f"decoys: expected at most {self.distractors[1]} distinct kinds other than the target "
+                             f"{self.target!r}, got {self.decoys}")
+
+
+SEARCH_TURN_DEG = 30.0  # the camera expert's search: turn_left medium while the target is unseen
+DECOY_TURNS = 3
+DECOY_RANGE_M = 4.0
 
 
 PATH_MARGIN_M = 0.3
@@ -227,6 +240,9 @@ def _objects(rng, config, segments, boxes, doors) -> list[WorldObject] | None:
     rng.shuffle(others)
     count = int(rng.integers(config.distractors[0], config.distractors[1] + 1))
     names = [config.target] + (lookalikes[:max(1, count - 1)] + others)[:count]
+    if config.decoys:
+        rest = [n for n in names[1:] if n not in config.decoys]
+        names = [config.target, *config.decoys, *rest][:1 + max(count, len(config.decoys))]
     xmin, ymin, xmax, ymax = segments[:4, :2].min(0).tolist() + segments[:4, :2].max(0).tolist()
     placed: list[WorldObject] = []
     for name in names:
@@ -259,6 +275,28 @@ def _start(rng, config, bounds, walls, boxes, objects) -> Pose | None:
         far = body_gap(pose, target) >= config.start_gap_m
         in_view = (abs(pose.bearing_to(*target.position)) < math.radians(config.hfov_deg) / 2
                    and world.line_of_sight((pose.x, pose.y), target.position))
-        if clear and far and not in_view and (not config.clear_path or straight_path(world, pose, target)):
+        if (clear and far and not in_view and (not config.clear_path or straight_path(world, pose, target))
+                and (not config.decoys or _decoy_seen_first(world, pose, config))):
             return pose
     return None
+
+
+def _turns_to_see(world: World, pose: Pose, obj: WorldObject, hfov: float) -> float:
+    """How many of the search's SEARCH_TURN_DEG turns left from ``pose`` bring ``obj`` into view (0:
+    in view now; inf when a wall or box hides it from here)."""
+    if not world.line_of_sight((pose.x, pose.y), obj.position):
+        return math.inf
+    bearing = pose.bearing_to(*obj.position)
+    if abs(bearing) < hfov / 2:
+        return 0
+    return math.floor(((bearing - hfov / 2) % (2 * math.pi)) / math.radians(SEARCH_TURN_DEG)) + 1
+
+
+def _decoy_seen_first(world: World, pose: Pose, config: GenerateConfig) -> bool:
+    """Whether searching left from ``pose`` shows a decoy within DECOY_TURNS turns, within
+    DECOY_RANGE_M, in a view before the first that shows the target."""
+    hfov = math.radians(config.hfov_deg)
+    target = _turns_to_see(world, pose, world.target_object, hfov)
+    return any(turns <= DECOY_TURNS and turns < target and body_gap(pose, o) <= DECOY_RANGE_M
+               for o in world.objects if o.name in config.decoys
+               for turns in [_turns_to_see(world, pose, o, hfov)])

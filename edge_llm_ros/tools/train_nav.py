@@ -16,7 +16,9 @@ answers, the encoder at a tenth of the rate (``--max-steps``, checkpointed every
 ``--checkpoint-every`` steps; ``--resume`` continues). The LMs' own weights never change.
 ``--init`` starts from an adapter's weights instead of fresh ones; with ``--dagger-worlds`` that
 adapter also drives in that many further training worlds, and every state its own decisions reach
-is labelled by the teacher and added to the samples (DAgger, vlm_training.learner_samples). Then,
+is labelled by the teacher and added to the samples (DAgger, vlm_training.learner_samples).
+``--decoy-worlds`` adds the teacher's frames from worlds after those where another training target
+is seen before the instructed one while searching (it is not the target: search on). Then,
 on held-out frames (another 8 worlds), the share of constrained greedy actions equal to the
 teacher's, and on the evaluation and check worlds the closed-loop success as navigator_node runs
 it (nav/evaluation.py: the episode policy in simulated time; "reached within 0.5 m, nothing
@@ -50,6 +52,9 @@ def add_nav_parser(sub) -> None:
                    help="start from this adapter folder ('shipped': the shipped one) instead of fresh weights")
     p.add_argument("--dagger-worlds", type=int, default=0,
                    help="with --init: worlds the adapter drives itself in, its states labelled by the teacher")
+    p.add_argument("--decoy-worlds", type=int, default=0,
+                   help="further training worlds where the other training targets are seen before the "
+                        "instructed one while searching (the teacher's frames)")
     p.add_argument("--eval-worlds", default="100-109", help="closed-loop evaluation worlds (a seed range)")
     p.add_argument("--check-worlds", default="200-209", help="a second held-out closed-loop range")
     p.add_argument("--evaluate-only", action="store_true",
@@ -145,9 +150,9 @@ def check_nav_args(args) -> None:
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if (args.perturb < 0 or args.draft_weight < 0 or args.pretrain_steps < 0 or args.max_steps < 0
-            or args.dagger_worlds < 0 or args.warmup_steps < 0):
-        raise ValueError("--perturb, --draft-weight, --pretrain-steps, --max-steps, --dagger-worlds and "
-                         "--warmup-steps must be >= 0")
+            or args.dagger_worlds < 0 or args.decoy_worlds < 0 or args.warmup_steps < 0):
+        raise ValueError("--perturb, --draft-weight, --pretrain-steps, --max-steps, --dagger-worlds, "
+                         "--decoy-worlds and --warmup-steps must be >= 0")
     if args.dagger_worlds and not args.init:
         raise ValueError("--dagger-worlds needs --init: the adapter whose own states are labelled")
     try:
@@ -156,7 +161,7 @@ def check_nav_args(args) -> None:
         raise ValueError(f"--stop-margin must be in [0, 0.2), got {args.stop_margin}") from None
     args.eval_range = seed_range(args.eval_worlds)
     args.check_range = seed_range(args.check_worlds, "--check-worlds")
-    used = range(HELDOUT_SEEDS.start, TRAIN_SEED_BASE + args.worlds + args.dagger_worlds)
+    used = range(HELDOUT_SEEDS.start, TRAIN_SEED_BASE + args.worlds + args.dagger_worlds + args.decoy_worlds)
     for flag, seeds in (("--eval-worlds", args.eval_range), ("--check-worlds", args.check_range)):
         if seeds.start < used.stop and seeds.stop > used.start:
             raise ValueError(f"{flag} {seeds.start}-{seeds.stop - 1} overlaps the training and held-out worlds "
@@ -244,6 +249,23 @@ def train_nav_command(args) -> dict:
             log(f"{len(own)} learner samples: the adapter's own states in worlds {seeds.start}-{seeds.stop - 1}, "
                 f"labelled by the teacher, in {time.perf_counter() - started:.0f} s -> {dagger_file}")
         samples, learned = samples + own, len(own)
+    decoyed = 0
+    if args.decoy_worlds:
+        start = vt.TRAIN_SEED_BASE + args.worlds + args.dagger_worlds
+        seeds = range(start, start + args.decoy_worlds)
+        decoy_file = work / f"samples-decoy-{seeds.start}-{seeds.stop - 1}-p{args.perturb}-stop{teacher.stop_m:g}.npz"
+        if decoy_file.is_file():
+            seen_first = vt.load_samples(decoy_file)
+            log(f"{len(seen_first)} cached decoy-world samples from {decoy_file}")
+        else:
+            bar = tqdm(total=args.decoy_worlds, desc="decoy worlds", unit="world", disable=args.quiet)
+            seen_first = vt.collect_samples(seeds, camera, args.perturb, rng_seed=1, progress=lambda n: bar.update(1),
+                                            teacher=teacher, decoys=True)
+            bar.close()
+            vt.save_samples(seen_first, decoy_file)
+            log(f"{len(seen_first)} samples from {args.decoy_worlds} decoy worlds ({seeds.start}-{seeds.stop - 1}: "
+                f"the other targets seen first) -> {decoy_file}")
+        samples, decoyed = samples + seen_first, len(seen_first)
     checkpoint = work / "checkpoint.pt"
     if not args.resume and checkpoint.exists():
         checkpoint.unlink()
@@ -282,6 +304,7 @@ def train_nav_command(args) -> dict:
                              "worlds": args.worlds, "perturb": args.perturb, "teacher_stop_m": teacher.stop_m,
                              "init": str(adapter.folder) if args.init else None,
                              "dagger_worlds": args.dagger_worlds, "learner_samples": learned,
+                             "decoy_worlds": args.decoy_worlds, "decoy_samples": decoyed,
                              "action_accuracy": accuracy, "heldout_frames": len(heldout),
                              "eval_worlds": f"{args.eval_range.start}-{args.eval_range.stop - 1}",
                              "eval_reached": reached, "eval_outcomes": outcomes,

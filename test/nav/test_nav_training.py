@@ -85,6 +85,9 @@ def test_the_closed_loop_runs_the_nodes_policy_and_says_why_an_episode_ended():
     (["--eval-worlds", "9995-9999"], "--eval-worlds 9995-9999 overlaps"),  # the held-out frames' worlds
     (["--worlds", "100", "--check-worlds", "10099-10100"], "overlaps the training and held-out worlds (9992-10099)"),
     (["--dagger-worlds", "5"], "--dagger-worlds needs --init"),
+    (["--worlds", "100", "--decoy-worlds", "10", "--check-worlds", "10105-10110"],
+     "overlaps the training and held-out worlds (9992-10109)"),
+    (["--decoy-worlds", "-1"], "--decoy-worlds"),
     (["--stop-margin", "0.2"], "--stop-margin"), (["--stop-margin", "-0.1"], "--stop-margin"),
 ])
 def test_train_nav_refuses_worlds_it_would_train_on_and_a_teacher_outside_the_reach(argv, error, capsys):

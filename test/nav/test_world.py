@@ -153,6 +153,34 @@ def test_clear_path_worlds_have_a_straight_way_to_the_target_from_the_start():
     assert sum(not straight_path(w, w.start, w.target_object) for w in map(generate, range(20))) > 0
 
 
+def test_decoy_worlds_show_a_decoy_before_the_target_to_a_robot_searching_left():
+    """Turning left from the start in 30-degree steps, as the search does, the robot's view holds a
+    decoy (a kind it might be told to find elsewhere) within three turns and before the target, the
+    decoy near enough to be seen, nothing between. Worlds without decoys are drawn as before."""
+    decoys = ("blue chair", "yellow cone", "silver bottle")
+    config = GenerateConfig(clear_path=True, decoys=decoys)
+    half = math.radians(config.hfov_deg) / 2
+
+    def in_view(world, pose, obj) -> bool:
+        return abs(pose.bearing_to(*obj.position)) < half and world.line_of_sight((pose.x, pose.y), obj.position)
+
+    for seed in range(20):
+        world = generate(seed, config)
+        names = [o.name for o in world.objects]
+        assert names[0] == "red chair" and set(decoys) <= set(names) and len(set(names)) == len(names)
+        assert straight_path(world, world.start, world.target_object) and reachable(world)
+        views = [Pose(world.start.x, world.start.y, world.start.yaw + math.radians(30) * k) for k in range(13)]
+        first_target = next(k for k, pose in enumerate(views) if in_view(world, pose, world.target_object))
+        first_decoy = min(k for k, pose in enumerate(views) for o in world.objects
+                          if o.name in decoys and in_view(world, pose, o) and body_gap(pose, o) <= 4.0)
+        assert first_decoy <= 3 and first_decoy < first_target and first_target > 0, seed
+    assert generate(100, GenerateConfig(clear_path=True)) == generate(100, GenerateConfig(clear_path=True, decoys=()))
+
+
 def test_generate_refuses_an_unknown_target():
     with pytest.raises(ValueError, match="target: expected one of"):
         GenerateConfig(target="purple sofa")
+    with pytest.raises(ValueError, match="decoys: expected at most"):
+        GenerateConfig(decoys=("red chair",))  # the target itself
+    with pytest.raises(ValueError, match="decoys: expected at most"):
+        GenerateConfig(decoys=("blue chair", "blue chair"))
