@@ -70,9 +70,10 @@ class WorldOutcome:
                 f"on a frame showing {self.seen or 'nothing'}")
 
 
-def world(seed: int) -> World:
-    """The seed's world, as bench --scenario nav and the node's `seeded` world draw it."""
-    return generate(seed, GenerateConfig(target=TARGET, clear_path=True))
+def world(seed: int, decoys: tuple[str, ...] = ()) -> World:
+    """The seed's world, as bench --scenario nav and the node's `seeded` world draw it; with
+    ``decoys``, those kinds stand where the search sees one of them first (GenerateConfig.decoys)."""
+    return generate(seed, GenerateConfig(target=TARGET, clear_path=True, decoys=decoys))
 
 
 def seen_from(world_: World, pose: Pose, config: ExpertConfig = ExpertConfig()) -> str:
@@ -105,13 +106,15 @@ def outcome_of(seed: int, world_: World, episode: TimedEpisode) -> WorldOutcome:
 
 def evaluate(navigator, seeds: Iterable[int], *, decide_s: float | None = PLANNED_DECIDE_S,
              config: EpisodeConfig = NODE_EPISODE, camera: Camera | None = None,
-             progress: Callable[[WorldOutcome], None] | None = None) -> list[WorldOutcome]:
-    """One episode per seed (see the module docstring); ``progress`` gets each as it ends."""
+             progress: Callable[[WorldOutcome], None] | None = None,
+             decoys: tuple[str, ...] = ()) -> list[WorldOutcome]:
+    """One episode per seed (see the module docstring; ``decoys``: world's); ``progress`` gets each
+    as it ends."""
     camera = camera or Camera()
     instruction = f"go to the {TARGET}"
     outcomes = []
     for seed in seeds:
-        w = world(seed)
+        w = world(seed, decoys)
         outcome = outcome_of(seed, w, run_episode(w, navigator_decide(navigator, w, camera, instruction, decide_s),
                                                   config))
         outcomes.append(outcome)

@@ -57,6 +57,9 @@ def add_nav_parser(sub) -> None:
                         "instructed one while searching (the teacher's frames)")
     p.add_argument("--eval-worlds", default="100-109", help="closed-loop evaluation worlds (a seed range)")
     p.add_argument("--check-worlds", default="200-209", help="a second held-out closed-loop range")
+    p.add_argument("--decoys", action="store_true",
+                   help="draw the evaluation and check worlds with the other training targets where the "
+                        "search sees one of them before the red chair")
     p.add_argument("--evaluate-only", action="store_true",
                    help="train nothing: the closed loop of --init (default: the shipped adapter)")
     p.add_argument("--out", type=Path, default=None, help="adapter folder (default: the shipped one's)")
@@ -168,14 +171,16 @@ def check_nav_args(args) -> None:
                              f"({used.start}-{used.stop - 1})")
 
 
-def closed_loop(navigator, seeds: range, label: str) -> tuple[int, dict]:
-    """The navigator over ``seeds`` as navigator_node runs it (nav/evaluation.py), logged world by
-    world: (reached, {seed: outcome line})."""
-    from edge_llm_ros.nav.evaluation import evaluate, report
+def closed_loop(navigator, seeds: range, label: str, decoys: bool = False) -> tuple[int, dict]:
+    """The navigator over ``seeds`` as navigator_node runs it (nav/evaluation.py; ``decoys``: the
+    other training targets seen first), logged world by world: (reached, {seed: outcome line})."""
+    from edge_llm_ros.nav.evaluation import TARGET, evaluate, report
+    from edge_llm_ros.nav.vlm_training import TRAIN_TARGETS
     from edge_llm_ros.tools.train_run import log
 
     started = time.perf_counter()
-    outcomes = evaluate(navigator, seeds, progress=lambda o: log(f"  {o.line()}"))
+    others = tuple(t for t in TRAIN_TARGETS if t != TARGET) if decoys else ()
+    outcomes = evaluate(navigator, seeds, progress=lambda o: log(f"  {o.line()}"), decoys=others)
     reached = sum(o.success for o in outcomes)
     log(f"closed loop, {label}: {report(outcomes).splitlines()[0]} in {time.perf_counter() - started:.0f} s")
     return reached, {str(o.seed): o.line() for o in outcomes}
@@ -205,10 +210,10 @@ def train_nav_command(args) -> dict:
 
     if args.evaluate_only:
         adapter = NavAdapter.load(init, target)
-        reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds")
-        checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds")
+        reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds", args.decoys)
+        checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds", args.decoys)
         return {"eval_reached": reached, "eval_outcomes": outcomes, "check_reached": checked,
-                "check_outcomes": check_outcomes}
+                "check_outcomes": check_outcomes, "decoy_eval": args.decoys}
 
     work = args.work or default_work_dir("smollm2-nav")
     out = args.out or ADAPTERS_DIR / DEFAULT_ADAPTER
@@ -298,8 +303,8 @@ def train_nav_command(args) -> dict:
 
     accuracy = vt.action_accuracy(navigator(adapter), heldout)
     log(f"held-out action accuracy {accuracy:.3f} over {len(heldout)} frames")
-    reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds")
-    checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds")
+    reached, outcomes = closed_loop(navigator(adapter), args.eval_range, "evaluation worlds", args.decoys)
+    checked, check_outcomes = closed_loop(navigator(adapter), args.check_range, "check worlds", args.decoys)
     adapter.training_info = {**trained, "encoder_pretraining": pretrained, "samples": len(samples),
                              "worlds": args.worlds, "perturb": args.perturb, "teacher_stop_m": teacher.stop_m,
                              "init": str(adapter.folder) if args.init else None,
@@ -309,7 +314,7 @@ def train_nav_command(args) -> dict:
                              "eval_worlds": f"{args.eval_range.start}-{args.eval_range.stop - 1}",
                              "eval_reached": reached, "eval_outcomes": outcomes,
                              "check_worlds": f"{args.check_range.start}-{args.check_range.stop - 1}",
-                             "check_reached": checked, "check_outcomes": check_outcomes,
+                             "check_reached": checked, "check_outcomes": check_outcomes, "decoy_eval": args.decoys,
                              "command": "edge-llm-ros train nav " + " ".join(getattr(args, "argv", [])[1:])}
     adapter.save(out)
     log(f"wrote {out}")
