@@ -40,6 +40,11 @@ class EmbeddedHost:
         return self._embedded.ActionClass(name)
 
 
+# A turn of the rclpy host's executor waits at most this long. A node to destroy waits for the end
+# of the turn (RclpyHost._destroy): rclpy's wake() only rebuilds the wait set, it does not end the turn.
+SPIN_TIMEOUT_S = 0.05
+
+
 class RclpyHost:
     backend = "rclpy"
 
@@ -75,7 +80,7 @@ class RclpyHost:
 
         self._destroy_doomed()
         try:
-            self.executor.spin_once(timeout_sec=0.2)
+            self.executor.spin_once(timeout_sec=SPIN_TIMEOUT_S)
         except (ExternalShutdownException, KeyboardInterrupt):
             self._closing = True
 
