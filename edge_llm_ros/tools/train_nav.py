@@ -186,6 +186,27 @@ def closed_loop(navigator, seeds: range, label: str, decoys: bool = False) -> tu
     return reached, {str(o.seed): o.line() for o in outcomes}
 
 
+def cached_samples(path: Path, seeds: range, desc: str, what: str, quiet: bool, collect) -> list:
+    """The samples saved in ``path``; else ``collect(progress)`` over ``seeds``' worlds, a progress bar
+    moving a world at a time, saved there."""
+    from tqdm import tqdm
+
+    from edge_llm_ros.nav import vlm_training as vt
+    from edge_llm_ros.tools.train_run import log
+
+    if path.is_file():
+        samples = vt.load_samples(path)
+        log(f"{len(samples)} cached {what} from {path}")
+        return samples
+    started = time.perf_counter()
+    bar = tqdm(total=len(seeds), desc=desc, unit="world", disable=quiet)
+    samples = collect(lambda n: bar.update(1))
+    bar.close()
+    vt.save_samples(samples, path)
+    log(f"{len(samples)} {what}, in {time.perf_counter() - started:.0f} s -> {path}")
+    return samples
+
+
 def train_nav_command(args) -> dict:
     import torch
     from tqdm import tqdm
@@ -219,17 +240,11 @@ def train_nav_command(args) -> dict:
     out = args.out or ADAPTERS_DIR / DEFAULT_ADAPTER
     work.mkdir(parents=True, exist_ok=True)
     camera, teacher = Camera(), args.teacher
-    samples_file = work / f"samples-camera-w{args.worlds}-p{args.perturb}-stop{teacher.stop_m:g}.npz"
-    if samples_file.is_file():
-        samples = vt.load_samples(samples_file)
-        log(f"{len(samples)} cached samples from {samples_file}")
-    else:
-        bar = tqdm(total=args.worlds, desc="worlds", unit="world", disable=args.quiet)
-        samples = vt.collect_samples(range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds), camera,
-                                     args.perturb, progress=lambda n: bar.update(1), teacher=teacher)
-        bar.close()
-        vt.save_samples(samples, samples_file)
-        log(f"{len(samples)} samples from {args.worlds} worlds -> {samples_file}")
+    seeds = range(vt.TRAIN_SEED_BASE, vt.TRAIN_SEED_BASE + args.worlds)
+    samples = cached_samples(
+        work / f"samples-camera-w{args.worlds}-p{args.perturb}-stop{teacher.stop_m:g}.npz", seeds, "worlds",
+        f"samples from {args.worlds} worlds", args.quiet,
+        lambda progress: vt.collect_samples(seeds, camera, args.perturb, progress=progress, teacher=teacher))
     heldout = vt.collect_samples(vt.HELDOUT_SEEDS, camera, perturb=1, teacher=teacher)[: args.heldout_frames]
 
     if args.init:
@@ -241,35 +256,21 @@ def train_nav_command(args) -> dict:
     learned = 0
     if args.dagger_worlds:
         seeds = range(vt.TRAIN_SEED_BASE + args.worlds, vt.TRAIN_SEED_BASE + args.worlds + args.dagger_worlds)
-        dagger_file = work / f"samples-dagger-{seeds.start}-{seeds.stop - 1}-stop{teacher.stop_m:g}.npz"
-        if dagger_file.is_file():
-            own = vt.load_samples(dagger_file)
-            log(f"{len(own)} cached learner samples from {dagger_file}")
-        else:
-            started = time.perf_counter()
-            bar = tqdm(total=args.dagger_worlds, desc="dagger", unit="world", disable=args.quiet)
-            own = vt.learner_samples(navigator(adapter), seeds, camera, teacher, progress=lambda n: bar.update(1))
-            bar.close()
-            vt.save_samples(own, dagger_file)
-            log(f"{len(own)} learner samples: the adapter's own states in worlds {seeds.start}-{seeds.stop - 1}, "
-                f"labelled by the teacher, in {time.perf_counter() - started:.0f} s -> {dagger_file}")
+        own = cached_samples(
+            work / f"samples-dagger-{seeds.start}-{seeds.stop - 1}-stop{teacher.stop_m:g}.npz", seeds, "dagger",
+            f"learner samples: the adapter's own states in worlds {seeds.start}-{seeds.stop - 1}, labelled by the "
+            "teacher", args.quiet,
+            lambda progress: vt.learner_samples(navigator(adapter), seeds, camera, teacher, progress=progress))
         samples, learned = samples + own, len(own)
     decoyed = 0
     if args.decoy_worlds:
         start = vt.TRAIN_SEED_BASE + args.worlds + args.dagger_worlds
         seeds = range(start, start + args.decoy_worlds)
-        decoy_file = work / f"samples-decoy-{seeds.start}-{seeds.stop - 1}-p{args.perturb}-stop{teacher.stop_m:g}.npz"
-        if decoy_file.is_file():
-            seen_first = vt.load_samples(decoy_file)
-            log(f"{len(seen_first)} cached decoy-world samples from {decoy_file}")
-        else:
-            bar = tqdm(total=args.decoy_worlds, desc="decoy worlds", unit="world", disable=args.quiet)
-            seen_first = vt.collect_samples(seeds, camera, args.perturb, rng_seed=1, progress=lambda n: bar.update(1),
-                                            teacher=teacher, decoys=True)
-            bar.close()
-            vt.save_samples(seen_first, decoy_file)
-            log(f"{len(seen_first)} samples from {args.decoy_worlds} decoy worlds ({seeds.start}-{seeds.stop - 1}: "
-                f"the other targets seen first) -> {decoy_file}")
+        seen_first = cached_samples(
+            work / f"samples-decoy-{seeds.start}-{seeds.stop - 1}-p{args.perturb}-stop{teacher.stop_m:g}.npz", seeds,
+            "decoy worlds", f"samples from decoy worlds {seeds.start}-{seeds.stop - 1} (the other targets seen first)",
+            args.quiet, lambda progress: vt.collect_samples(seeds, camera, args.perturb, rng_seed=1, progress=progress,
+                                                            teacher=teacher, decoys=True))
         samples, decoyed = samples + seen_first, len(seen_first)
     checkpoint = work / "checkpoint.pt"
     if not args.resume and checkpoint.exists():
