@@ -87,11 +87,16 @@ class RclpyHost:
     def _destroy_doomed(self) -> None:
         with self._doomed_lock:
             doomed, self._doomed = self._doomed, []
-        for node, done in doomed:
+        failed: BaseException | None = None
+        for node, done in doomed:  # every one, then the first failure (recorded for the test running)
             try:
                 node.destroy_now()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                failed = failed or exc
             finally:
                 done.set()
+        if failed is not None:
+            raise failed
 
     def _destroy(self, node: Any) -> None:
         """Destroy ``node`` on the spin thread, between two turns of the executor. From another thread,
