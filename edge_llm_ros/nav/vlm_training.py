@@ -65,11 +65,15 @@ def instruction_for(target: str) -> str:
     return f"go to the {target}"
 
 
+def decoys_for(target: str) -> tuple[str, ...]:
+    """The decoys of a world whose target is ``target``: the other TRAIN_TARGETS."""
+    return tuple(t for t in TRAIN_TARGETS if t != target)
+
+
 def world_for(seed: int, target: str, decoys: bool = False) -> World:
     """A clear-path training world; with ``decoys``, the other TRAIN_TARGETS stand where searching
     from the start shows one of them before the target (worldgen.GenerateConfig.decoys)."""
-    others = tuple(t for t in TRAIN_TARGETS if t != target) if decoys else ()
-    return generate(seed, GenerateConfig(target=target, clear_path=True, decoys=others))
+    return generate(seed, GenerateConfig(target=target, clear_path=True, decoys=decoys_for(target) if decoys else ()))
 
 
 def frame_labels(world: World, pose: Pose, config: ExpertConfig = TEACHER) -> np.ndarray:

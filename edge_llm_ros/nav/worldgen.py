@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_llm_ros.nav.actions import Magnitudes
 from edge_llm_ros.nav.world import (
     DEFAULT_RADIUS,
     PALETTE,
@@ -146,7 +147,7 @@ class GenerateConfig:
                              f"{self.target!r}, got {self.decoys}")
 
 
-SEARCH_TURN_DEG = 30.0  # the camera expert's search: turn_left medium while the target is unseen
+SEARCH_TURN_DEG = Magnitudes().turn_deg["medium"]  # the camera expert's search (expert.SEARCH): turn_left medium
 DECOY_TURNS = 3
 DECOY_RANGE_M = 4.0
 

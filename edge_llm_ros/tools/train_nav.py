@@ -175,12 +175,12 @@ def closed_loop(navigator, seeds: range, label: str, decoys: bool = False) -> tu
     """The navigator over ``seeds`` as navigator_node runs it (nav/evaluation.py; ``decoys``: the
     other training targets seen first), logged world by world: (reached, {seed: outcome line})."""
     from edge_llm_ros.nav.evaluation import TARGET, evaluate, report
-    from edge_llm_ros.nav.vlm_training import TRAIN_TARGETS
+    from edge_llm_ros.nav.vlm_training import decoys_for
     from edge_llm_ros.tools.train_run import log
 
     started = time.perf_counter()
-    others = tuple(t for t in TRAIN_TARGETS if t != TARGET) if decoys else ()
-    outcomes = evaluate(navigator, seeds, progress=lambda o: log(f"  {o.line()}"), decoys=others)
+    outcomes = evaluate(navigator, seeds, progress=lambda o: log(f"  {o.line()}"),
+                        decoys=decoys_for(TARGET) if decoys else ())
     reached = sum(o.success for o in outcomes)
     log(f"closed loop, {label}: {report(outcomes).splitlines()[0]} in {time.perf_counter() - started:.0f} s")
     return reached, {str(o.seed): o.line() for o in outcomes}
