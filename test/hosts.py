@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import callback_errors as callback_errors_module
 
@@ -40,8 +40,9 @@ class EmbeddedHost:
         return self._embedded.ActionClass(name)
 
 
-# A turn of the rclpy host's executor waits at most this long. A node to destroy waits for the end
-# of the turn (RclpyHost._destroy): rclpy's wake() only rebuilds the wait set, it does not end the turn.
+# A turn of the rclpy host's executor waits at most this long for work. A destroy handed to the spin
+# thread (RclpyHost.between_turns) ends the turn with an empty task: rclpy's wake() alone only
+# rebuilds the wait set, and the turn would run out its time.
 SPIN_TIMEOUT_S = 0.05
 
 
@@ -59,7 +60,7 @@ class RclpyHost:
         rclpy.init(context=self.context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
         self._closing = False
-        self._doomed: list[tuple[Any, threading.Event]] = []  # nodes to destroy on the spin thread
+        self._doomed: list[tuple[Callable[[], Any], threading.Event]] = []  # to run on the spin thread
         self._doomed_lock = threading.Lock()
         callback_errors = callback_errors or callback_errors_module.SUITE
         self._thread = threading.Thread(target=callback_errors.spin, args=(self._spin_once, self._running),
@@ -88,9 +89,9 @@ class RclpyHost:
         with self._doomed_lock:
             doomed, self._doomed = self._doomed, []
         failed: BaseException | None = None
-        for node, done in doomed:  # every one, then the first failure (recorded for the test running)
+        for destroy, done in doomed:  # every one, then the first failure (recorded for the test running)
             try:
-                node.destroy_now()
+                destroy()
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
                 failed = failed or exc
             finally:
@@ -98,20 +99,21 @@ class RclpyHost:
         if failed is not None:
             raise failed
 
-    def _destroy(self, node: Any) -> None:
-        """Destroy ``node`` on the spin thread, between two turns of the executor. From another thread,
-        rclpy's executor may be putting the node's entities into its wait set at that moment (it took
-        the node list before remove_node), and that raises InvalidHandle ('destruction was requested')
-        on the spin thread: CI, 2026-11-28, a probe destroyed as its test ended."""
+    def between_turns(self, destroy: Callable[[], Any], what: str) -> Any:
+        """Run ``destroy`` (of a node, or of one of its entities) on the spin thread, between two turns
+        of the executor. From another thread, rclpy's executor may be putting that entity into its wait
+        set, or reading its handle, at that moment, and that raises InvalidHandle ('destruction was
+        requested') on the spin thread: CI, 2026-11-28, a probe destroyed as its test ended; make
+        test-fast, 2026-11-28, a get_state client that wait_until_ready destroyed."""
         if threading.current_thread() is self._thread or self._closing or not self._thread.is_alive():
-            node.destroy_now()
-            return
-        done = threading.Event()
+            return destroy()
+        done, result = threading.Event(), []
         with self._doomed_lock:
-            self._doomed.append((node, done))
-        self.executor.wake()
+            self._doomed.append((lambda: result.append(destroy()), done))
+        self.executor.create_task(lambda: None)  # ends the turn (work to yield); wake() would not
         if not done.wait(10):
-            raise TimeoutError(f"the rclpy host's spin thread did not destroy node {node.get_name()!r} within 10 s")
+            raise TimeoutError(f"the rclpy host's spin thread did not destroy {what} within 10 s")
+        return result[0] if result else None
 
     def Node(self, name: str, namespace: str = "") -> Any:
         from rclpy.node import Node
@@ -119,12 +121,38 @@ class RclpyHost:
         host, executor = self, self.executor
 
         class HostNode(Node):
+            """A node whose destroy_* run between the executor's turns (RclpyHost.between_turns)."""
+
             def destroy_node(self) -> None:
-                host._destroy(self)
+                host.between_turns(self.destroy_now, f"node {self.get_name()!r}")
 
             def destroy_now(self) -> None:  # leave the executor first: it must not wait on its entities
                 executor.remove_node(self)
                 super().destroy_node()
+
+            def destroy_publisher(self, entity: Any) -> bool:  # its event handlers are waitables
+                return host.between_turns(lambda: super(HostNode, self).destroy_publisher(entity),
+                                           f"a publisher of {self.get_name()!r}")
+
+            def destroy_subscription(self, entity: Any) -> bool:
+                return host.between_turns(lambda: super(HostNode, self).destroy_subscription(entity),
+                                           f"a subscription of {self.get_name()!r}")
+
+            def destroy_client(self, entity: Any) -> bool:
+                return host.between_turns(lambda: super(HostNode, self).destroy_client(entity),
+                                           f"a client of {self.get_name()!r}")
+
+            def destroy_service(self, entity: Any) -> bool:
+                return host.between_turns(lambda: super(HostNode, self).destroy_service(entity),
+                                           f"a service of {self.get_name()!r}")
+
+            def destroy_timer(self, entity: Any) -> bool:
+                return host.between_turns(lambda: super(HostNode, self).destroy_timer(entity),
+                                           f"a timer of {self.get_name()!r}")
+
+            def remove_waitable(self, entity: Any) -> None:  # an action client's destroy() starts here
+                host.between_turns(lambda: super(HostNode, self).remove_waitable(entity),
+                                    f"a waitable of {self.get_name()!r}")
 
         node = HostNode(name, namespace=namespace, context=self.context)
         self.executor.add_node(node)

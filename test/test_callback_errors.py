@@ -65,7 +65,8 @@ def test_then_the_next_one_is_served(run, spin_thread):
 '''
 
 
-def test_a_raising_callback_fails_its_test_with_that_exception_and_the_next_test_is_served(pytester):
+def test_a_raising_callback_fails_its_test_with_that_exception_and_the_next_test_is_served(pytester, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the short summary is cut to the terminal's width (80 when piped)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_inner=TESTS)
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:launch_ros", "-p", "no:launch_testing",

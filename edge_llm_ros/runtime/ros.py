@@ -197,8 +197,8 @@ class ActionClient(_RclpyActionClient):
         with self._handle_lock:
             if self._destroyed:
                 return
-            self._destroyed = True
-            super().destroy()
+            self._destroyed = True  # from here on, nothing that checks under the lock uses the handle
+        super().destroy()  # outside the lock: the node may hand remove_waitable to its spin thread
 
     async def execute(self, taken_data: Any) -> None:
         feedback = taken_data.get("feedback")

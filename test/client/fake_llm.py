@@ -95,6 +95,12 @@ class FakeLLM:
         return self.result([], code=3, reason=f"error: unknown script {handle.request.prompt!r}")
 
     def close(self) -> None:
+        if self.host.backend == "rclpy":  # rclpy's server frees its handle before it leaves the node
+            self.host.between_turns(self._close, "the fake server")
+        else:
+            self._close()
+
+    def _close(self) -> None:
         self.server.destroy()
         if self.host.backend == "rclpy":
             self.host.executor.remove_node(self.node)  # first: the executor must not wait on its entities
