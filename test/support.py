@@ -268,3 +268,47 @@ def check_loopback_only(env: dict) -> None:
                 problems.append(f"{profile}: a {kind} transport without an interface whitelist")
     if problems:
         pytest.fail("refusing to run DDS off loopback: " + "; ".join(problems))
+
+
+def level_of(status) -> int:
+    """A DiagnosticStatus's level as a number (rclpy holds the `byte` field as one byte of bytes)."""
+    return status.level[0] if isinstance(status.level, (bytes, bytearray)) else int(status.level)
+
+
+def key_values(status) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+class Diagnostics:
+    """Every diagnostic_msgs/DiagnosticArray ``node`` hears on ``topic`` (/diagnostics, or the
+    monitor's /diagnostics_agg), in order of arrival; ``names``: keep only arrays carrying one of them."""
+
+    def __init__(self, node, array_type, topic: str = "/diagnostics", names: set[str] | None = None) -> None:
+        self.names, self._arrays = names, []
+        self._lock = threading.Lock()
+        node.create_subscription(array_type, topic, self._on_array, 100)
+
+    def _on_array(self, array) -> None:
+        if self.names is None or any(status.name in self.names for status in array.status):
+            with self._lock:
+                self._arrays.append(array)
+
+    def seen(self) -> list:
+        with self._lock:
+            return list(self._arrays)
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        """The first array heard for which ``predicate`` holds (waiting up to ``timeout``)."""
+        return wait_until(lambda: next((a for a in self.seen() if predicate(a)), None), timeout, what)
+
+    def mark(self) -> int:
+        """Where the arrays heard so far end: ``status(..., after=mark)`` looks only at later ones."""
+        with self._lock:
+            return len(self._arrays)
+
+    def status(self, name: str, where=lambda status: True, timeout: float = 20.0, after: int = 0):
+        """The newest status named ``name`` for which ``where`` holds, in an array heard after
+        ``after`` (a :meth:`mark`), waiting up to ``timeout``."""
+        def found():
+            return next((s for a in reversed(self.seen()[after:]) for s in a.status if s.name == name and where(s)), None)
+        return wait_until(found, timeout, f"a status {name!r} on /diagnostics")

@@ -55,6 +55,8 @@ class LiveEpisodes:
         self.active = False
         self.poses = PoseHistory()
         self.bridge_idle = True
+        self.bridge_status = ""  # the bridge's last state line ('idle|moving|estop: <event>')
+        self.last_outcome = ""  # how the last episode ended
         self.newest: Frame | None = None
         self.number, self.instruction_text = 0, ""  # the last instruction and its episode number
         self.control: EpisodeController | None = None  # the running episode's
@@ -113,7 +115,7 @@ class LiveEpisodes:
     def bridge_state(self, status: str) -> None:
         idle, takes = bridge_event(status)
         with self.lock:
-            self.bridge_idle = idle
+            self.bridge_idle, self.bridge_status = idle, status
             if self.control is not None:
                 self._apply(self.control.bridge(self.clock(), idle, takes))
             self._poll()
@@ -194,7 +196,15 @@ class LiveEpisodes:
                              f"{w.total_s:.2f} s for decisions ({w.waited_rounds} of {w.rounds} rounds), first motion "
                              f"after {policy['first_motion_s']} s")
         self.out.summary(summary)
-        self.control, self.instruction_text = None, ""
+        self.control, self.instruction_text, self.last_outcome = None, "", end.outcome
+
+    def snapshot(self) -> dict:
+        """What an operator asks (navigator_node's diagnostics): the episode, its frame, the bridge."""
+        with self.lock:
+            return {"episode": self.number, "running": self.control is not None, "instruction": self.instruction_text,
+                    "last outcome": self.last_outcome, "decisions": self.done, "deciding": self.busy,
+                    "frame age s": self.clock() - self.newest.taken_at if self.newest is not None else None,
+                    "bridge": self.bridge_status, "navigator loaded": self.navigator is not None}
 
     # -- the worker thread --------------------------------------------------------------------------
 

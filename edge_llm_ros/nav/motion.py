@@ -322,6 +322,8 @@ class Executor:
     motion: Motion | None = None
     estop: EStop = field(default_factory=EStop)
     status: str = "idle: started"  # '<idle|moving|estop>: <last event>'
+    # since start: 'refused' commands, motions 'clamped' to the limits, 'watchdog' stops (diagnostics)
+    counts: dict[str, int] = field(default_factory=lambda: {"refused": 0, "clamped": 0, "watchdog": 0})
     watchdog: Watchdog = field(init=False)
     _stop_pending: bool = False
 
@@ -343,6 +345,12 @@ class Executor:
         return self._set(note)
 
     def command(self, cmd: Command, now: float) -> Verdict:
+        verdict = self._command(cmd, now)
+        if not verdict.accepted:
+            self.counts["refused"] += 1
+        return verdict
+
+    def _command(self, cmd: Command, now: float) -> Verdict:
         if self.estop.latched:
             self._stop_pending = True
             return Verdict(False, self._set(f"refused {cmd.label}: e-stop latched (false on the e-stop topic "
@@ -362,6 +370,7 @@ class Executor:
         angle = clamp(cmd.angle_rad, self.limits.max_angle_rad)
         clamped = "" if (distance, angle) == (cmd.distance_m, cmd.angle_rad) else \
             f" (clamped from {cmd.distance_m:.3f} m, {cmd.angle_rad:.3f} rad)"
+        self.counts["clamped"] += bool(clamped)
         velocity = self.motion.velocity(now) if self.motion is not None else (0.0, 0.0)
         self.motion = plan_motion(distance, angle, velocity, self.limits, now)
         self.watchdog.feed(now)
@@ -383,6 +392,7 @@ class Executor:
         note = ""
         if self.motion is not None:
             if self.watchdog.expired(now):
+                self.counts["watchdog"] += 1
                 note = self._halt(f"watchdog: no fresh command for {self.watchdog.silence(now):.2f} s "
                                   f"(limit {self.watchdog.timeout_s:.2f} s), stopping")
             elif self.motion.done(now):

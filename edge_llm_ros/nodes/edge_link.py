@@ -23,6 +23,7 @@ import time
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.errors import PeerGone, PeerTimeout
 from edge_llm_ros.nodes.common import MatchGate, stamp
+from edge_llm_ros.nodes.diagnostics import Window
 from edge_llm_ros.nodes.wire import from_message, to_message
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
@@ -66,6 +67,10 @@ class VerifierLink:
         self.drafter = None
         self.inboxes: dict[str, queue.Queue] = {}
         self.heard: set[str] = set()  # live requests the verifier has answered (any outcome)
+        self.sent_at: dict[tuple[str, int], float] = {}  # (request, round) -> when its draft went out
+        self.round_trips = Window()  # seconds from a round's draft to its final (diagnostics)
+        self.last_final_at = 0.0  # time.monotonic() of the last final heard
+        self.failed: tuple[float, str] = (0.0, "")  # the last request the verifier failed: when, why
         self.DraftTree = rt.message("edge_llm_ros/msg/DraftTree")
         self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
         self.draft_pub = rt.shaped(node, node.create_publisher(self.DraftTree, "draft", 100))
@@ -76,6 +81,7 @@ class VerifierLink:
     def send(self, draft) -> None:
         """Publish a DraftRequest on `draft` (also the drafter's sender, for drafts sent ahead)."""
         self.draft_gate.wait()
+        self.sent_at.setdefault((draft.request_id, draft.round), time.monotonic())  # a resend keeps the first
         self.draft_pub.publish(stamp(self.node, to_message(self.DraftTree, draft)))
 
     def on_verify(self, msg) -> None:
@@ -89,6 +95,10 @@ class VerifierLink:
             return  # another robot's request, or one that ended
         self.heard.add(outcome.request_id)
         if outcome.final:  # a verifier's final outcome, or a stage's refusal (stage pipeline)
+            self.last_final_at = time.monotonic()
+            sent = self.sent_at.pop((outcome.request_id, outcome.round), None)
+            if sent is not None:
+                self.round_trips.add(time.monotonic() - sent)
             inbox.put(outcome)
         elif drafter is not None:
             drafter.on_early(outcome)
@@ -137,6 +147,8 @@ class VerifierLink:
         finally:
             self.inboxes.pop(request_id, None)
             self.heard.discard(request_id)
+            for key in [key for key in list(self.sent_at) if key[0] == request_id]:
+                self.sent_at.pop(key, None)
             stats = drafter.end(request_id)
             if stats_out is not None and stats is not None:
                 stats_out.append(stats)
@@ -147,9 +159,14 @@ class VerifierLink:
         VerifierTimeout after timeout_s, or once no verifier subscribes to `draft` (it died: the
         draft in flight is lost with it)."""
         topic = self.node.resolve_topic_name("draft")
+
+        def failed(error):  # remembered for the node's status (the verifier is not answering)
+            self.failed = (time.monotonic(), str(error))
+            return error
+
         return await_answer(
             inbox, self.timeout_s, lambda: topic if self.node.count_subscribers("draft") == 0 else "",
-            lambda: VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after {tokens} "
-                                    f"tokens): is verifier_node running and subscribed to {topic}?"),
-            lambda who: VerifierGone(f"verifier gone: nothing subscribes to {who} any more (verifier_node died "
-                                        f"or is restarting; {tokens} token(s) committed)"), idle)
+            lambda: failed(VerifierTimeout(f"no final VerifyResult within timeout_s={self.timeout_s:g} s (after "
+                                           f"{tokens} tokens): is verifier_node running and subscribed to {topic}?")),
+            lambda who: failed(VerifierGone(f"verifier gone: nothing subscribes to {who} any more (verifier_node "
+                                            f"died or is restarting; {tokens} token(s) committed)")), idle)

@@ -31,7 +31,8 @@ import uuid
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.errors import Inactive, Invalid, Status, status_of
 from edge_llm_ros.modes import BACKENDS, check_mode
-from edge_llm_ros.nodes.backends import End, Request, RequestStats
+from edge_llm_ros.nodes import diagnostics as diag
+from edge_llm_ros.nodes.backends import Diagnosed, End, Request, RequestStats
 from edge_llm_ros.nodes.common import goal_overrides, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import declare, on_change, param
@@ -105,6 +106,10 @@ class FrontDoor(ManagedNode):
         self.listeners, self.listeners_at = 0, -float("inf")
         if self.door.stats_period_s > 0:
             self.create_timer(self.door.stats_period_s, self.publish_recent_stats)
+        self.ended = diag.Window()  # RequestStats of the requests ended in the last minute
+        self.busy_reported = 0  # busy refusals counted up to the last status
+        self.diagnostics = diag.Updater(self, hardware_id=f"{self.get_fully_qualified_name()} ({self.params.backend})")
+        self.diagnostics.add("requests", self.diagnose)
 
     def load(self) -> str:
         served = self.backend.load()
@@ -296,6 +301,7 @@ class FrontDoor(ManagedNode):
     def end_request(self, request_id: str, end: End) -> None:
         if not rt.ok():  # shutting down: nothing can be published any more
             return
+        self.ended.add(end.stats)
         self.stats_pub.publish(self.stats_message([end.stats], request_id))
         if self.door.stats_period_s > 0:  # the timer drains it; without one nothing may pile up
             with self.counts:
@@ -307,6 +313,43 @@ class FrontDoor(ManagedNode):
             recent, self.recent = self.recent, []
         for mode in dict.fromkeys(s.mode for s in recent):
             self.stats_pub.publish(self.stats_message([s for s in recent if s.mode == mode]))
+
+    def diagnose(self, status: diag.Status) -> None:
+        """The front door's status (nodes/diagnostics.py): ERROR when configure failed or the backend
+        says so (edge_cloud: no verifier), WARN while not active or after busy refusals in the
+        last period; the request counts and the last minute's speed, TTFT and acceptance."""
+        from edge_llm_ros.core.engine.config import mean_tau
+
+        state = self.lifecycle_state.label
+        with self.counts:
+            running, busy = self.running, sum(self.refused.values())
+        new_busy, self.busy_reported = busy - self.busy_reported, busy
+        status.summary(diag.OK, f"active: {self.summary.split(';')[0]}" if self.active else state)
+        if self.failure:
+            status.merge(diag.ERROR, f"configure failed: {self.failure}")
+        elif not self.active:
+            status.merge(diag.WARN, f"{state}, not active: requests are refused")
+        if new_busy:
+            status.merge(diag.WARN, f"{new_busy} busy refusal(s) in the last {self.diagnostics.period:g} s")
+        ended = self.ended.recent()
+        tokens, wall = sum(s.tokens for s in ended), sum(s.wall_s for s in ended)
+        rounds = [a for s in ended for a in s.accepted]
+        drafted = sum(s.drafted for s in ended)
+        ttfts = [s.ttft_s for s in ended if s.tokens]
+        for key, value in (("lifecycle state", state), ("backend", self.params.backend),
+                           ("mode", self.door.mode or self.backend.default_mode),
+                           ("running", min(running, self.door.max_requests)),
+                           ("waiting", max(0, running - self.door.max_requests)),
+                           ("busy refusals in the last period", new_busy), ("busy refusals in all", busy),
+                           ("requests ended in the last 60 s", len(ended)),
+                           ("tokens/s per request (last 60 s)", tokens / wall if wall > 0 else 0.0),
+                           ("TTFT p50 s", diag.percentile(ttfts, 0.5)), ("TTFT p95 s", diag.percentile(ttfts, 0.95))):
+            status.add(key, value)
+        if rounds:  # a drafting mode ran
+            status.add("tau (last 60 s)", mean_tau(rounds))
+            status.add("acceptance (last 60 s)", sum(rounds) / drafted if drafted else 0.0)
+        if isinstance(self.backend, Diagnosed) and self.loaded:
+            self.backend.diagnose(status, ended)
 
     def stats_message(self, stats: list[RequestStats], request_id: str = ""):
         """InferenceStats of one request or, several, of their aggregate (request_id '')."""

@@ -31,6 +31,7 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.nav.actions import MAGNITUDES, Magnitudes
 from edge_llm_ros.nav.motion import Executor, MotionLimits, Setpoint, to_command
 from edge_llm_ros.nodes.common import latched_qos, policy_clock, run_node
+from edge_llm_ros.nodes.diagnostics import ERROR, OK, WARN, Status, Updater
 from edge_llm_ros.nodes.parameters import Spec, declare, descriptor, param
 
 SPORT_MOVE, SPORT_STOP_MOVE = 1008, 1003  # unitree_ros2 ros2_sport_client.h: ROBOT_SPORT_API_ID_MOVE, _STOPMOVE
@@ -103,8 +104,9 @@ class SportOutput:
 class Go2BridgeNode(rt.Node):
     single_threaded = True  # rclpy: its callbacks are light and frequent (runtime/ros.spin)
 
-    def __init__(self) -> None:
-        super().__init__("go2_bridge", namespace="edge_llm")
+    def __init__(self, **node_options) -> None:
+        """``node_options``: rt.Node's (namespace, parameter_overrides: how tests start it in-process)."""
+        super().__init__("go2_bridge", **{"namespace": "edge_llm", **node_options})
         self.params = declare(self, BridgeParams)
         self.magnitudes = declare_magnitudes(self)
         self.bridge = Executor(self.params.limits(), 1.0 / self.params.rate_hz)
@@ -117,6 +119,9 @@ class Go2BridgeNode(rt.Node):
         self.create_subscription(rt.message("edge_llm_ros/msg/NavAction"), "nav_action", self.on_nav_action, 10)
         self.create_subscription(rt.message("std_msgs/msg/Bool"), "/estop", self.on_estop, 10)
         self.create_timer(self.bridge.period_s, self.control)
+        self.reported = dict(self.bridge.counts)  # the counts at the last status
+        self.diagnostics = Updater(self, hardware_id=f"go2 via {self.output.topic}")
+        self.diagnostics.add("motion", self.diagnose)
         p = self.params
         self.get_logger().info(
             f"go2_bridge: {p.output} on {self.output.topic} at {p.rate_hz:g} Hz; |vx| <= {p.max_linear_mps:g} m/s, "
@@ -159,6 +164,28 @@ class Go2BridgeNode(rt.Node):
             if self.bridge.status != self.published_status:
                 self.published_status = self.bridge.status
                 self.state_pub.publish(self.String(data=self.published_status))
+
+
+    def diagnose(self, status: Status) -> None:
+        """ERROR while the e-stop is latched; WARN when the last period clamped a motion to the limits,
+        refused a command or stopped on the watchdog; the state and the counts since start."""
+        with self.lock:
+            counts, state, line = dict(self.bridge.counts), self.bridge.state, self.bridge.status
+        new = {k: v - self.reported.get(k, 0) for k, v in counts.items()}
+        self.reported = counts
+        status.summary(OK, line)
+        if state == "estop":
+            status.merge(ERROR, "e-stop latched: every command is refused until false on /estop")
+        for key, what in (("clamped", "motion(s) clamped to the limits"), ("refused", "command(s) refused"),
+                          ("watchdog", "watchdog stop(s): no fresh command")):
+            if new[key]:
+                status.merge(WARN, f"{new[key]} {what} in the last {self.diagnostics.period:g} s")
+        status.add("state", state)
+        status.add("e-stop latched", state == "estop")
+        status.add("watchdog trips", counts["watchdog"])
+        status.add("limits applied (clamped motions)", counts["clamped"])
+        status.add("refused commands", counts["refused"])
+        status.add("output", self.output.topic)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -60,6 +60,7 @@ import math
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import latched_qos, policy_clock, run_node, stamp
+from edge_llm_ros.nodes.diagnostics import ERROR, OK, WARN, Status, Updater
 from edge_llm_ros.nodes.managed import ManagedNode, rss_mb
 from edge_llm_ros.nodes.navigator_deployments import DEPLOYMENTS
 from edge_llm_ros.nodes.navigator_params import NavigatorParams
@@ -89,6 +90,37 @@ class NavigatorNode(ManagedNode):
         self.create_subscription(String, "go2_bridge/state", lambda msg: self.episodes.bridge_state(msg.data),
                                  latched_qos())
         self.create_subscription(rt.message("nav_msgs/msg/Odometry"), "/odom", self.on_odometry, 10)
+        self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} ({p.deployment})")
+        self.diagnostics.add("navigation", self.diagnose)
+
+    def diagnose(self, status: Status) -> None:
+        """ERROR when configure failed or the bridge's e-stop is latched; WARN while not active, or while
+        an episode runs on a frame older than max_frame_age_s (or none); the episode, the ages of the
+        newest frame and of the last decision, and that decision."""
+        now, seen = self.episodes.snapshot(), self.outputs.last
+        running = "running" if now["running"] else "idle"
+        status.summary(OK, f"episode {now['episode']} {running}" + (f": {now['instruction']!r}" if now["running"] else ""))
+        if self.failure:
+            status.merge(ERROR, f"configure failed: {self.failure}")
+        elif not self.active:
+            status.merge(WARN, f"{self.lifecycle_state.label}, not active: instructions wait")
+        if now["bridge"].startswith("estop"):
+            status.merge(ERROR, "the bridge's e-stop is latched")
+        age = now["frame age s"]
+        if now["running"] and (age is None or age > self.params.max_frame_age_s):
+            status.merge(WARN, "no camera frame" if age is None else
+                         f"newest frame is {age:.1f} s old (max_frame_age_s {self.params.max_frame_age_s:g})")
+        for key, value in (("lifecycle state", self.lifecycle_state.label), ("deployment", self.params.deployment),
+                           ("episode", now["episode"]), ("episode state", running),
+                           ("instruction", now["instruction"]), ("last outcome", now["last outcome"]),
+                           ("decisions", now["decisions"]), ("deciding", now["deciding"]),
+                           ("frame age s", -1.0 if age is None else age),
+                           ("e-stop", now["bridge"].startswith("estop")), ("bridge", now["bridge"])):
+            status.add(key, value)
+        if seen is not None:
+            status.add("decision age s", self.outputs.clock() - seen["at"])
+            for key in ("action", "reason", "confidence", "latency s"):
+                status.add(f"last decision {key}", seen[key])
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -156,6 +188,8 @@ class NavOutputs:
         self.action_pub = node.create_publisher(self.NavAction, "nav_action", 10)
         self.episode_pub = node.create_publisher(self.String, "~/episode", latched_qos())
         self.magnitudes = None  # the navigator's, once loaded
+        self.clock = policy_clock(node)
+        self.last: dict | None = None  # the last decision handed over (diagnostics)
 
     def action(self, request_id: str, handed, age_s: float) -> None:
         """A decision as a NavAction: its verb and motion as handed over (overlapped: carried over to
@@ -166,6 +200,8 @@ class NavOutputs:
                              reason=command.reason, confidence=decision.confidence, latency_s=age_s,
                              valid=decision.valid, raw_text=decision.text[:512], error=decision.error)
         self.action_pub.publish(stamp(self.node, msg))
+        self.last = {"at": self.clock(), "action": command.action, "reason": command.reason,
+                     "confidence": float(decision.confidence), "latency s": float(age_s)}
         note = f" ({decision.error})" if decision.error else ""
         if (handed.verb, (handed.distance_m, handed.angle_rad)) != (command.verb, command.motion(self.magnitudes)):
             note += (f" carried over to {handed.verb} {handed.distance_m:.2f} m, "

@@ -57,9 +57,11 @@ Parameters: PlannerParams below (and ManagedParams' autostart), all read-only (a
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from edge_llm_ros import runtime as rt
+from edge_llm_ros.nodes import diagnostics as diag
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
 from edge_llm_ros.nodes.managed import OK, ManagedNode, ManagedParams
 from edge_llm_ros.nodes.parameters import param
@@ -116,6 +118,33 @@ class PlannerNode(ManagedNode):
         self.no_plan = False  # the last configure failed for want of a plan (calibrate never)
         self.create_service(rt.service("edge_llm_ros/srv/Plan"), "plan", self.on_plan)
         self.create_service(rt.service("edge_llm_ros/srv/Profile"), "profile", self.on_profile)
+        self.diagnostics = diag.Updater(self, hardware_id=f"{self.get_fully_qualified_name()} ({self.plan_path})")
+        self.diagnostics.add("plan", self.diagnose)
+
+    def diagnose(self, status: diag.Status) -> None:
+        """ERROR when configure failed (no usable plan); WARN while not active; the device plan in force
+        and its age (since it was measured: the plan file's time)."""
+        plan = self.device_plan
+        if plan is not None:
+            c = plan.candidate
+            status.summary(diag.OK, f"{c['mode']} on {c['backend']}, {c['tokens_per_s']:.1f} tokens/s expected")
+        else:
+            status.summary(diag.OK, "no device plan")
+        if self.failure:
+            status.merge(diag.ERROR, f"configure failed: {self.failure}")
+        elif not self.active:
+            status.merge(diag.WARN, f"{self.lifecycle_state.label}, not active: no device plan is published")
+        status.add("lifecycle state", self.lifecycle_state.label)
+        status.add("plan file", str(self.plan_path))
+        try:
+            status.add("plan age s", time.time() - self.plan_path.stat().st_mtime)
+        except OSError:
+            status.add("plan age s", -1.0)
+        if plan is not None:
+            status.add("mode", plan.candidate["mode"])
+            status.add("backend", plan.candidate["backend"])
+            status.add("expected tokens/s", float(plan.candidate["tokens_per_s"]))
+            status.add("why", self.device_reason)
 
     # -- the lifecycle ---------------------------------------------------------------------------
 

@@ -37,11 +37,14 @@ import dataclasses
 import os
 import queue
 import threading
+import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.core.planning.partition import range_text
 from edge_llm_ros.errors import Status
 from edge_llm_ros.nodes.common import MatchGate, cpu_set, nav_adapter_param, pin_process, run_node, stamp
+from edge_llm_ros.nodes.diagnostics import ERROR, OK, WARN, Updater, Window, percentile
+from edge_llm_ros.nodes.diagnostics import Status as Diagnostic
 from edge_llm_ros.nodes.managed import ManagedNode, rss_mb
 from edge_llm_ros.nodes.stage_params import StageParams
 from edge_llm_ros.runtime.throttle import flood_note
@@ -58,6 +61,8 @@ class StageNode(ManagedNode):
         self.lock = threading.Lock()  # the stage's caches: one run or one prune at a time
         self.stopping = threading.Event()
         self.refused = 0
+        self.refused_reported = 0  # refusals counted up to the last status
+        self.hops, self.runs = Window(), Window()  # seconds: stamp -> arrival here; one message's run
         self.who = f"stage {p.index} ({self.get_fully_qualified_name()})"
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
         self.VerifyResult = rt.message("edge_llm_ros/msg/VerifyResult")
@@ -67,6 +72,8 @@ class StageNode(ManagedNode):
         self.create_subscription(self.HiddenStates, f"stage_{p.index}/in", self.on_rows, 100)
         self.create_subscription(rt.message("edge_llm_ros/msg/PruneInfo"), "prune", self.on_prune, 100)
         self.create_service(rt.service("edge_llm_ros/srv/Profile"), "~/profile", self.on_profile)
+        self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (stage {p.index})")
+        self.diagnostics.add("stage", self.diagnose)
 
     def load(self) -> str:
         from transformers import AutoConfig
@@ -105,6 +112,31 @@ class StageNode(ManagedNode):
                 + (f"; pinned to cores {p.cpus}" if cores else "")
                 + (f"; tasks: {', '.join(self.stage.tasks)}" if self.stage.tasks else ""))
 
+    def diagnose(self, status: Diagnostic) -> None:
+        """ERROR when configure failed; WARN while not active or after refusals in the last period;
+        the layer range, resident memory, caches held, and the last minute's hop latency (a
+        message's stamp to its arrival here) and run time."""
+        p, stage = self.params, self.stage
+        refused, self.refused_reported = self.refused - self.refused_reported, self.refused
+        status.summary(OK, f"stage {p.index} of {p.stages()}" + (f": layers {range_text(stage.layers)}"
+                                                                 if stage is not None else ""))
+        if self.failure:
+            status.merge(ERROR, f"configure failed: {self.failure}")
+        elif not self.active:
+            status.merge(WARN, f"{self.lifecycle_state.label}, not active: rows are refused")
+        if refused:
+            status.merge(WARN, f"{refused} message(s) refused in the last {self.diagnostics.period:g} s")
+        hops, runs = self.hops.recent(), self.runs.recent()
+        for key, value in (("lifecycle state", self.lifecycle_state.label), ("stage", f"{p.index} of {p.stages()}"),
+                           ("layers", range_text(stage.layers) if stage is not None else p.layers),
+                           ("resident MB", rss_mb()),
+                           ("requests holding a cache", len(stage.caches) if stage is not None else 0),
+                           ("waiting messages", self.inbox.qsize() if self.inbox is not None else 0),
+                           ("refused in all", self.refused),
+                           ("hop latency p50 s (last 60 s)", percentile(hops, 0.5)),
+                           ("run time p50 s (last 60 s)", percentile(runs, 0.5))):
+            status.add(key, value)
+
     def tasks(self, model) -> dict:
         """The tasks served besides plain text: nav with `nav_adapter` (nav/navigator.nav_stage_task)."""
         from edge_llm_ros.nav.navigator import NAV_TASK, nav_stage_task
@@ -129,6 +161,9 @@ class StageNode(ManagedNode):
     def on_rows(self, msg) -> None:
         """Queue the rows for the worker; answer at once if the node is not active or the queue is full."""
         inbox = self.inbox
+        sent = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        if sent:
+            self.hops.add((self.get_clock().now().nanoseconds - sent) / 1e9)
         if refusal := self.refusal():
             self.answer(msg.request_id, msg.round, refusal, Status.INACTIVE)
             return
@@ -228,7 +263,9 @@ class StageNode(ManagedNode):
             if busy := self.busy(rows.request_id):
                 self.answer(msg.request_id, msg.round, busy, Status.BUSY)
                 return True
+            started = time.monotonic()
             out = self.stage.run(rows)
+            self.runs.add(time.monotonic() - started)
         except StageError as exc:  # a WireError's message starts with the field at fault
             self.answer(msg.request_id, msg.round, str(exc))
             return True

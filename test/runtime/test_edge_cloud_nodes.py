@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 from hosts import BACKENDS, host_for
-from support import REPO, Followed, Proc, cli, setup_budget, stamped_now, wait_until
+from support import REPO, Diagnostics, Followed, Proc, cli, key_values, level_of, setup_budget, stamped_now, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient, NoAnswer
@@ -36,6 +36,7 @@ MAX_NEW_TOKENS = 32
 # every 3 s: 4 s left a healthy round under 1 s for the rest (CI, 2026-11-27: a lossless test's goal
 # ended "no final VerifyResult within timeout_s=4 s (after 12 tokens)").
 TIMEOUT_S = 8.0
+DRAFT_STATUS, OK, ERROR = "draft_node: requests", 0, 2  # its status on /diagnostics, and two levels
 GONE_WITHIN_S = 4.0  # a verifier gone from the graph ends the goal within this, well before timeout_s
 TRANSIT_S = 0.5  # a message on loopback arrives within this, however busy the machine
 PARAMS = str(REPO / "config" / "edge_cloud.yaml")
@@ -588,8 +589,11 @@ def draft_readers(probe, host) -> set:
 @pytest.mark.timeout(360)
 def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves(nodes, greedy):
     verifier, draft, probe, llm, host = nodes.verifier, nodes.draft, nodes.probe, nodes.llm, nodes.host
+    diagnostics = Diagnostics(probe, host.message("diagnostic_msgs/msg/DiagnosticArray"))
     sent = send(llm, "Write a long story about a robot that learns to cook.", max_new_tokens=400)
     assert sent.first.wait(60), "no feedback before the kill"
+    diagnostics.status(DRAFT_STATUS, lambda s: level_of(s) == OK, timeout=30)  # serving, with its verifier
+    at_kill = diagnostics.mark()
     verifier.popen.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     # zenoh: the verifier left the graph (PeerGone); rclpy: timeout_s passed (PeerTimeout)
@@ -606,6 +610,10 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves
     assert 0 < len(failed.value.result.token_ids) < 400  # what was committed before the kill is kept
     draft.wait_for_line(f"generate: {reason.removeprefix('error: ')[:40]}", 10)
     assert draft.popen.poll() is None, "draft_node must survive a dead verifier"
+    # the robot side's status says so: ERROR on /diagnostics (rclpy: the timed-out request says it)
+    gone = diagnostics.status(DRAFT_STATUS, lambda s: level_of(s) == ERROR, timeout=30, after=at_kill)
+    assert gone.message.startswith("no verifier: nothing subscribes to /edge_llm/draft" if host.backend == "zenoh"
+                                   else "the verifier is not answering: no final VerifyResult"), gone.message
 
     # a verifier is back: the same draft_node serves the next goal, lossless
     dead = draft_readers(probe, host)  # what is left of the killed verifier (rclpy: its reader, until its lease ends)
@@ -614,3 +622,5 @@ def test_killed_verifier_aborts_the_goal_with_a_clear_error_and_a_new_one_serves
     revived.wait_for_line("verifying /edge_llm/draft -> /edge_llm/verify", 180)
     wait_until(lambda: draft_readers(probe, host) - dead, 30, "the new verifier's subscription")
     assert_greedy(send(llm, PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS), greedy(PROMPTS[0], MAX_NEW_TOKENS))
+    back = diagnostics.status(DRAFT_STATUS, timeout=30, after=diagnostics.mark())  # the next status: all well again
+    assert level_of(back) == OK and key_values(back)["verifiers on draft"] != "0", back.message

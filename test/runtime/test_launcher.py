@@ -587,7 +587,7 @@ def test_params_yaml_alone_runs_one_node_per_entry(tmp_path):
     solo.parent.mkdir()
     solo.write_text("/**:\n  ros__parameters: {verbose: false}\n"
                     "edge_llm:\n  echo_node:\n    ros__parameters: {mode: echo, response_delay_s: 0.0}\n"
-                    "monitor_node:\n  ros__parameters: {stats_period_s: 1.0}\n")
+                    "monitor_node:\n  ros__parameters: {pub_rate: 1.0}\n")
     plan = load_plan(str(solo))
     apply_launch_args(plan, ["mode:=tree", "response_delay_s:=1", "verbose:=true"])
     echo, monitor = plan.nodes

@@ -24,7 +24,7 @@ edge_llm:
   echo_node:
     ros__parameters: {chunk_words: 1, stats_period_s: 0.5}
   monitor:
-    ros__parameters: {stats_period_s: 0.5}
+    ros__parameters: {pub_rate: 2.0}
 edge_llm_b:
   echo_b:
     ros__parameters: {chunk_words: 1, stats_period_s: 0.5}

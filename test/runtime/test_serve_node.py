@@ -25,7 +25,7 @@ import time
 
 import pytest
 from hosts import BACKENDS, host_for
-from support import REPO, Proc, cli, setup_budget, stamped_now, wait_until
+from support import REPO, Diagnostics, Proc, cli, key_values, level_of, setup_budget, stamped_now, wait_until
 
 from edge_llm_ros import errors
 from edge_llm_ros.client import LLMClient, NoAnswer
@@ -37,6 +37,7 @@ PROMPTS = ("Describe how a robot should explore a new house.", "Write a short po
            "Explain how a robot vacuum cleaner maps a room.", "Give three tips for charging a battery safely.",
            "What should a delivery robot do when a door is closed?")
 CAPACITY = 8
+OK, WARN = 0, 1  # DiagnosticStatus levels
 CONTEXT = 512
 
 
@@ -185,6 +186,7 @@ def test_bad_goals_abort_with_the_reason_and_the_node_goes_on(server, solo):
 @pytest.mark.timeout(420)
 def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
     proc, probe, llm, host = server
+    diagnostics = Diagnostics(probe, host.message("diagnostic_msgs/msg/DiagnosticArray"))
     accepted, refused = [], 0
     for i in range(50):
         try:
@@ -194,6 +196,14 @@ def test_fifty_goals_at_once_beyond_capacity_are_refused_as_busy(server):
     assert CAPACITY <= len(accepted) < 50 and refused == 50 - len(accepted)  # an ended goal frees its slot
     assert all(len(r.result().token_ids) > 0 for r in accepted)
     proc.wait_for_line("goal rejected, busy", 10)
+    # /diagnostics: WARN in the period of the refusals, naming them; OK again the period after
+    busy = diagnostics.status("serve_node: requests", lambda s: level_of(s) == WARN, timeout=30)
+    assert "busy refusal(s) in the last 1 s" in busy.message, busy.message
+    assert key_values(busy)["lifecycle state"] == "active" and key_values(busy)["backend"] == "local"
+    calm = diagnostics.status("serve_node: requests", lambda s: level_of(s) == OK, timeout=30,
+                              after=diagnostics.mark())
+    assert int(key_values(calm)["busy refusals in all"]) >= refused
+    assert float(key_values(calm)["tokens/s per request (last 60 s)"]) > 0
 
 
 @pytest.mark.timeout(540)

@@ -237,6 +237,10 @@ class EarlyExitVerifier:
         """Whether ``request_id`` is being served (safe to call from another thread)."""
         return request_id in self._requests
 
+    def served(self) -> int:
+        """How many requests are being served now (safe to call from another thread)."""
+        return len(self._requests)
+
     def expire_idle(self, max_idle_s: float, now: float | None = None) -> list[str]:
         """End the requests that verified no round for longer than ``max_idle_s`` (their robot
         vanished without a release); returns their ids. A request being verified is never idle."""

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from edge_llm_ros.errors import Cancelled, Status, status_of
 
@@ -119,6 +119,16 @@ class Backend(Protocol):
 
     def start(self, request: Request, listener: Listener) -> Handle:
         """Start ``request``; Invalid, Busy or Inactive raised at once when it cannot start."""
+
+
+@runtime_checkable
+class Diagnosed(Protocol):
+    """A backend with its own part of the front door's status on /diagnostics (nodes/diagnostics.py):
+    the front door calls ``diagnose`` every period while loaded, with the RequestStats of the
+    requests that ended in the last minute. edge_cloud's says whether a verifier is there."""
+
+    def diagnose(self, status: Any, ended: list[RequestStats]) -> None:
+        """Add keys to ``status`` and raise its level (Status.merge) where something is wrong."""
 
 
 class Worker:

@@ -25,6 +25,7 @@ import threading
 from edge_llm_ros.errors import Inactive
 from edge_llm_ros.nodes.backends import Chunk, Request, RequestStats, Worker
 from edge_llm_ros.nodes.backends.draft_side import DraftSideParams, load_drafters, prompt_ids
+from edge_llm_ros.nodes.diagnostics import ERROR, Status, percentile
 from edge_llm_ros.nodes.edge_link import VerifierLink
 from edge_llm_ros.nodes.parameters import declare, param
 
@@ -103,6 +104,25 @@ class EdgeCloudBackend:
             if ended:
                 self.fill(stats, ended[0], request)
         return reason
+
+    def diagnose(self, status: Status, ended: list[RequestStats]) -> None:
+        """The link's part of the front door's status: ERROR while no verifier subscribes to `draft`, or
+        after a request failed on the verifier (timeout, gone) until a final comes again (a killed
+        verifier stays in DDS's graph until its lease ends);
+        the last minute's draft-to-final times and the pre-draft cache's hit rate."""
+        topic = self.node.resolve_topic_name("draft")
+        verifiers = self.node.count_subscribers("draft")
+        status.add("verifiers on draft", verifiers)
+        failed_at, why = self.link.failed
+        if verifiers == 0:
+            status.merge(ERROR, f"no verifier: nothing subscribes to {topic}")
+        elif failed_at > self.link.last_final_at:  # a request failed on it, and nothing came since
+            status.merge(ERROR, f"the verifier is not answering: {why}")
+        trips = self.link.round_trips.recent()
+        status.add("draft-to-final p50 s (last 60 s)", percentile(trips, 0.5))
+        status.add("draft-to-final p95 s (last 60 s)", percentile(trips, 0.95))
+        hits, misses = sum(s.hits for s in ended), sum(s.misses for s in ended)
+        status.add("pre-draft hit rate (last 60 s)", hits / (hits + misses) if hits + misses else 0.0)
 
     def fill(self, stats: RequestStats, edge, request: Request) -> None:
         """The drafter's EdgeCloudStats into the request's stats; what it ignored is logged."""
