@@ -64,6 +64,7 @@ $(ROS2_STAMP): $(STAMP) constraints.txt
 ros2: $(ROS2_STAMP)
 	@mkdir -p $(ROS2_WS)/src && ln -sfn ../../.. $(ROS2_WS)/src/edge_llm_ros
 	@ln -sfn ../../../interfaces/unitree_api $(ROS2_WS)/src/unitree_api  # colcon stops at the root's package.xml
+	@rm -f $(ROS2_WS)/src/tf2_msgs; bash -c 'source $(abspath $(VENV))/ros2_setup.sh && $(abspath $(PY)) -c "import tf2_msgs"' 	  2>/dev/null || ln -sfn ../../../interfaces/tf2_msgs $(ROS2_WS)/src/tf2_msgs  # /tf under rclpy; a ROS 2 with tf2_msgs keeps its own
 	@echo "building this package's interfaces and nodes with colcon into $(ROS2_WS)/install (log: $(ROS2_WS)/colcon.log)..."
 	@cd $(ROS2_WS) && bash -c 'source $(abspath $(VENV))/ros2_setup.sh && colcon build --base-paths src \
 	  --cmake-args -DBUILD_TESTING=OFF \

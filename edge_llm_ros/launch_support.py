@@ -97,6 +97,27 @@ def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] 
     return LaunchDescription(actions)
 
 
+def rviz(config: str) -> list:
+    """The `rviz` launch argument (default false) and what it starts: rviz2 with ``config`` (an .rviz
+    file under config/) where rviz2 is installed; where it is not, a line saying so."""
+    import shutil
+
+    from launch.actions import DeclareLaunchArgument, ExecuteProcess, LogInfo, OpaqueFunction
+    from launch.substitutions import LaunchConfiguration
+
+    def start(context):
+        if LaunchConfiguration("rviz").perform(context).lower() != "true":
+            return []
+        path = config_path(config)
+        if shutil.which("rviz2") is None:
+            return [LogInfo(msg=f"rviz:=true: rviz2 is not installed here (apt install ros-$ROS_DISTRO-rviz2); "
+                                f"on a machine that has it: rviz2 -d {path}")]
+        return [ExecuteProcess(cmd=["rviz2", "-d", str(path)], output="screen")]
+
+    return [DeclareLaunchArgument("rviz", default_value="false", description=f"true: rviz2 with config/{config}"),
+            OpaqueFunction(function=start)]
+
+
 def _bring_up(node) -> list:
     """Event handlers that configure a LifecycleNode when its process starts and activate it when a
     configure succeeded (its transition event from configuring to inactive)."""

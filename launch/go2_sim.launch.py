@@ -12,6 +12,9 @@ params file); `deployment:=pipeline` starts two stage_nodes instead (SmolLM2's l
 15-29, each with the adapter's share, task nav) and the navigator drives them as D0 (mode ar,
 chunk_pp or flowspec); `robot` (the default) runs the whole VLM in the navigator.
 
+`rviz:=true` opens config/go2_sim.rviz in rviz2 (the camera, /tf, the world's markers, the robot's
+path, the goal, and the navigator's decision above the robot) where rviz2 is installed.
+
 Parameters live in config/go2_sim.yaml; every one of them is a launch argument (one shared by
 two nodes, such as max_frame_age_s, sets both). The navigator is a lifecycle node (it loads the
 VLM on configure); a node that dies is started again after 1 s, and the bridge stops the robot
@@ -19,6 +22,7 @@ when the navigator goes quiet (its watchdog).
 """
 
 CONFIG = "go2_sim.yaml"
+RVIZ = "go2_sim.rviz"  # rviz:=true opens it (rviz2 under ROS 2; the embedded launcher says how)
 
 NODES = [
     {"executable": "sim_node", "name": "sim", "namespace": "", "required": False, "respawn": True,
@@ -48,7 +52,7 @@ def select_nodes(arguments: dict[str, str]) -> list[str]:
 def generate_launch_description():
     from launch.actions import DeclareLaunchArgument, OpaqueFunction
 
-    from edge_llm_ros.launch_support import describe
+    from edge_llm_ros.launch_support import describe, rviz
     from launch import LaunchDescription
 
     def nodes(context):
@@ -61,4 +65,5 @@ def generate_launch_description():
                                           "target on verifier_node; pipeline: the draft there, the target's "
                                           "layers on two stage_nodes"),
         OpaqueFunction(function=nodes),
+        *rviz(RVIZ),
     ])

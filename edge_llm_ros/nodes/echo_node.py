@@ -15,6 +15,7 @@ import uuid
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node, stamp
+from edge_llm_ros.nodes.diagnostics import OK, Status, Updater
 from edge_llm_ros.nodes.parameters import declare, param
 
 
@@ -48,7 +49,16 @@ class EchoNode(rt.Node):
         self.requests = 0
         self.words = 0
         topics = [self.resolve_topic_name(t) for t in ("instruction", "response")]
+        self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (echo)")
+        self.diagnostics.add("requests", self.diagnose)
         self.get_logger().info(f"echoing {topics[0]} -> {topics[1]}")
+
+    def diagnose(self, status: Status) -> None:
+        status.summary(OK, f"echoing, {self.requests} instruction(s) so far")
+        status.add("lifecycle state", "active")  # not a managed node: always serving
+        status.add("mode", "echo")
+        status.add("requests", self.requests)
+        status.add("words echoed", self.words)
 
     def on_instruction(self, msg) -> None:
         request_id = uuid.uuid4().hex[:12]

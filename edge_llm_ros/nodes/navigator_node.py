@@ -4,7 +4,10 @@ Subscribes `/camera/image_raw` (sensor_msgs/Image) and `/camera/image_raw/compre
 (sensor_msgs/CompressedImage), keeping the newest frame, and `instruction` (std_msgs/String)
 under its namespace (default /edge_llm): an instruction starts an episode, a new one replaces it,
 an empty one ends it. It publishes `nav_action` (edge_llm_ros/msg/NavAction) for go2_bridge_node
-and follows the bridge's `go2_bridge/state` (idle | moving | estop).
+and follows the bridge's `go2_bridge/state` (idle | moving | estop). For rviz it publishes each
+decision as a text marker above the robot on `~/decision` (visualization_msgs/Marker in base_link:
+action, reason, confidence, decision time; a stop in red with its reason); its status on
+`/diagnostics` says the episode, the ages of the newest frame and the last decision, and the e-stop.
 
 Each decision conditions the target and the draft on the newest frame and generates the answer
 (a short reason, then one action) under the action grammar in `mode` (lossless: the constrained
@@ -66,6 +69,7 @@ from edge_llm_ros.nodes.navigator_deployments import DEPLOYMENTS
 from edge_llm_ros.nodes.navigator_params import NavigatorParams
 
 __all__ = ["NavOutputs", "NavigatorNode", "NavigatorParams", "main"]
+TEXT_VIEW_FACING, DECISION_HEIGHT_M = 9, 0.9  # visualization_msgs/Marker's text type; above the robot
 
 
 class NavigatorNode(ManagedNode):
@@ -190,6 +194,8 @@ class NavOutputs:
         self.magnitudes = None  # the navigator's, once loaded
         self.clock = policy_clock(node)
         self.last: dict | None = None  # the last decision handed over (diagnostics)
+        self.Marker = rt.message("visualization_msgs/msg/Marker")
+        self.marker_pub = node.create_publisher(self.Marker, "~/decision", latched_qos())
 
     def action(self, request_id: str, handed, age_s: float) -> None:
         """A decision as a NavAction: its verb and motion as handed over (overlapped: carried over to
@@ -202,6 +208,8 @@ class NavOutputs:
         self.action_pub.publish(stamp(self.node, msg))
         self.last = {"at": self.clock(), "action": command.action, "reason": command.reason,
                      "confidence": float(decision.confidence), "latency s": float(age_s)}
+        self.show(f"{command.action}: {command.reason}\nconfidence {decision.confidence:.2f}, "
+                  f"decided in {decision.decide_s:.2f} s", (0.2, 0.9, 0.2) if decision.valid else (1.0, 0.6, 0.0))
         note = f" ({decision.error})" if decision.error else ""
         if (handed.verb, (handed.distance_m, handed.angle_rad)) != (command.verb, command.motion(self.magnitudes)):
             note += (f" carried over to {handed.verb} {handed.distance_m:.2f} m, "
@@ -213,6 +221,16 @@ class NavOutputs:
         msg = self.NavAction(request_id=request_id, action="stop", valid=False, error=reason)
         msg.frame_stamp = self.node.get_clock().now().to_msg()
         self.action_pub.publish(stamp(self.node, msg))
+        self.show(f"stop: {reason}", (1.0, 0.2, 0.2))
+
+    def show(self, text: str, rgb: tuple[float, float, float]) -> None:
+        """The decision as text above the robot, for rviz (`~/decision`, in base_link: it moves along)."""
+        marker = self.Marker(ns="decision", id=0, type=TEXT_VIEW_FACING, action=0, text=text, frame_locked=True)
+        marker.header.frame_id = "base_link"
+        marker.pose.position.z, marker.pose.orientation.w = DECISION_HEIGHT_M, 1.0
+        marker.scale.z = 0.2  # text height, metres
+        marker.color.r, marker.color.g, marker.color.b, marker.color.a = (*rgb, 1.0)
+        self.marker_pub.publish(stamp(self.node, marker))
 
     def summary(self, summary: dict) -> None:
         self.episode_pub.publish(self.String(data=json.dumps(summary)))

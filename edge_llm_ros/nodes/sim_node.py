@@ -18,7 +18,12 @@ Publishes:
 - `~/markers` (visualization_msgs/MarkerArray, transient local) for rviz: walls, boxes and objects
   in `odom`, the robot in `base_link`; at start and after each reset;
 - `~/world` (std_msgs/String, transient local): the world as YAML (nav.world.World.to_dict),
-  for tools that need the map (the expert, the nav bench).
+  for tools that need the map (the expert, the nav bench);
+- `~/path` (nav_msgs/Path in `odom`, every 0.5 s): the robot's way since the last reset, a pose
+  per 5 cm or 5 degrees (the last 2000), and `~/goal` (geometry_msgs/PoseStamped, transient
+  local): the target object's position, both for rviz (config/go2_sim.rviz);
+- its status on `/diagnostics` (nodes/diagnostics.py): the world, the pose, the target's distance;
+  WARN in a period the robot touched something.
 
 Subscribes `~/reset` (std_msgs/Int32): a seed >= 0 draws that world, a negative number reloads
 the configured one; the robot goes back to the world's start, at rest until the next /cmd_vel.
@@ -42,10 +47,13 @@ from edge_llm_ros.nav.camera import Camera
 from edge_llm_ros.nav.world import ROBOT_RADIUS, Robot, World, WorldError
 from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
+from edge_llm_ros.nodes.diagnostics import OK, WARN, Status, Updater
 from edge_llm_ros.nodes.parameters import declare, param
 from edge_llm_ros.runtime.interfaces import interface_dirs
 
 CUBE, CYLINDER, TEXT, DELETEALL = 1, 3, 9, 3  # visualization_msgs/Marker types and action
+PATH_STEP_M, PATH_TURN_RAD, PATH_POSES = 0.05, math.radians(5.0), 2000  # ~/path: a pose per step or turn, the last 2000
+PATH_PERIOD_S = 0.5  # ~/path is published this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,17 +114,26 @@ class SimNode(rt.Node):
         self.touching = ""
         self.msg = {name: rt.message(name) for name in (
             "sensor_msgs/msg/Image", "nav_msgs/msg/Odometry", "geometry_msgs/msg/TransformStamped",
-            "visualization_msgs/msg/Marker", "visualization_msgs/msg/MarkerArray", "std_msgs/msg/String")}
+            "visualization_msgs/msg/Marker", "visualization_msgs/msg/MarkerArray", "std_msgs/msg/String",
+            "nav_msgs/msg/Path", "geometry_msgs/msg/PoseStamped")}
         self.image_pub = self.create_publisher(self.msg["sensor_msgs/msg/Image"], "/camera/image_raw", 5)
         self.odom_pub = self.create_publisher(self.msg["nav_msgs/msg/Odometry"], "/odom", 10)
         self.tf_pub = self.tf_publisher()
         self.marker_pub = self.create_publisher(self.msg["visualization_msgs/msg/MarkerArray"], "~/markers",
                                                 latched_qos())
         self.world_pub = self.create_publisher(self.msg["std_msgs/msg/String"], "~/world", latched_qos())
+        self.path = self.msg["nav_msgs/msg/Path"]()  # the robot's way since the last reset (rviz)
+        self.path.header.frame_id = "odom"
+        self.path_pub = self.create_publisher(self.msg["nav_msgs/msg/Path"], "~/path", 10)
+        self.goal_pub = self.create_publisher(self.msg["geometry_msgs/msg/PoseStamped"], "~/goal", latched_qos())
+        self.collisions = self.collisions_reported = 0
+        self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (2D simulator)")
+        self.diagnostics.add("world", self.diagnose)
         self.create_subscription(rt.message("geometry_msgs/msg/Twist"), "/cmd_vel", self.on_cmd_vel, 10)
         self.create_subscription(rt.message("std_msgs/msg/Int32"), "~/reset", self.on_reset, 10)
         self.create_timer(1.0 / p.physics_hz, self.on_physics)
         self.create_timer(1.0 / p.rate_hz, self.on_camera)
+        self.create_timer(PATH_PERIOD_S, lambda: self.path_pub.publish(stamp(self, self.path)))
         self.publish_world()
         self.get_logger().info(f"camera {p.width}x{p.height} ({p.hfov_deg:g} deg) at {p.rate_hz:g} Hz on "
                                f"/camera/image_raw; physics at {p.physics_hz:g} Hz")
@@ -137,6 +154,26 @@ class SimNode(rt.Node):
         self.world_pub.publish(self.msg["std_msgs/msg/String"](data=yaml.safe_dump(self.world.to_dict(),
                                                                                     sort_keys=False)))
         self.marker_pub.publish(self.markers())
+        goal = self.msg["geometry_msgs/msg/PoseStamped"]()
+        goal.header.frame_id = "odom"
+        goal.pose.position.x, goal.pose.position.y = self.world.target_object.position
+        goal.pose.orientation.w = 1.0
+        self.goal_pub.publish(stamp(self, goal))
+
+    def diagnose(self, status: Status) -> None:
+        """WARN when the robot touched something in the last period; the world, the pose, the target."""
+        with self.lock:
+            world, pose, touching = self.world, self.robot.pose, self.touching
+            collisions, self.collisions_reported = self.collisions - self.collisions_reported, self.collisions
+        target = world.target_object
+        status.summary(OK, f"{world.name}: target {target.name} {math.hypot(target.position[0] - pose.x, target.position[1] - pose.y):.2f} m away")
+        if collisions:
+            status.merge(WARN, f"{collisions} collision(s) in the last {self.diagnostics.period:g} s")
+        for key, value in (("world", world.name), ("target", target.name),
+                           ("target distance m", math.hypot(target.position[0] - pose.x, target.position[1] - pose.y)),
+                           ("x m", pose.x), ("y m", pose.y), ("yaw deg", math.degrees(pose.yaw)),
+                           ("touching", touching or "nothing"), ("collisions", self.collisions)):
+            status.add(key, value)
 
     def on_reset(self, msg) -> None:
         try:
@@ -146,6 +183,7 @@ class SimNode(rt.Node):
             return
         with self.lock:
             self.world, self.robot, self.touching = world, Robot(world, world.start), ""
+            self.path.poses = []
             self.command, self.command_time = (0.0, 0.0), -math.inf  # at rest until the next /cmd_vel
         self.get_logger().info(f"reset ({'seed ' + str(msg.data) if msg.data >= 0 else 'the configured world'})")
         self.publish_world()
@@ -169,9 +207,28 @@ class SimNode(rt.Node):
             pose = self.robot.pose
             newly = hit and not self.touching
             self.touching = hit
+            self.collisions += bool(newly)
+            self.follow(pose)
         if newly:
             self.get_logger().warning(f"collision: touched {hit} at ({pose.x:.2f}, {pose.y:.2f}); motion stopped")
         self.publish_odometry(pose, 0.0 if hit else vx, wz)
+
+    def follow(self, pose) -> None:
+        """(Under the lock.) Add the pose to the path when it moved PATH_STEP_M or turned PATH_TURN_RAD."""
+        poses = self.path.poses
+        if poses:
+            last = poses[-1].pose
+            moved = math.hypot(pose.x - last.position.x, pose.y - last.position.y)
+            turned = abs(math.remainder(pose.yaw - 2 * math.atan2(last.orientation.z, last.orientation.w), math.tau))
+            if moved < PATH_STEP_M and turned < PATH_TURN_RAD:
+                return
+        here = self.msg["geometry_msgs/msg/PoseStamped"]()
+        here.header.frame_id = "odom"
+        here.header.stamp = self.get_clock().now().to_msg()
+        here.pose.position.x, here.pose.position.y = pose.x, pose.y
+        for k, v in quaternion(pose.yaw).items():
+            setattr(here.pose.orientation, k, v)
+        self.path.poses = (poses + [here])[-PATH_POSES:]
 
     def publish_odometry(self, pose, vx: float, wz: float) -> None:
         odom = self.msg["nav_msgs/msg/Odometry"]()

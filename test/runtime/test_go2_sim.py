@@ -24,10 +24,11 @@ import sys
 import threading
 
 import pytest
+import yaml
 from hosts import BACKENDS, host_for, latched
 from hosts import start_launch as launch_on
 from hosts import stop_launch as stop
-from support import REPO, Proc, cli, wait_until
+from support import REPO, Diagnostics, Proc, cli, key_values, wait_until
 
 pytestmark = pytest.mark.slow  # three node processes, SmolLM2 in one
 
@@ -50,6 +51,42 @@ SEED = 100  # an evaluation world (edge-llm-ros train nav --eval-worlds 100-109)
 # test_shipped_adapter.py (>= 9 of 10, nothing touched), and by bench --scenario nav. This test is
 # about the instruction driving the Go2 to the chair through real processes, in this one world.
 STOP_BAND_M = 0.15
+
+
+# rviz2's display plugins (rviz_default_plugins) and the message type each shows; TF reads /tf
+RVIZ_TYPES = {"rviz_default_plugins/Image": "sensor_msgs/msg/Image",
+              "rviz_default_plugins/MarkerArray": "visualization_msgs/msg/MarkerArray",
+              "rviz_default_plugins/Marker": "visualization_msgs/msg/Marker",
+              "rviz_default_plugins/Path": "nav_msgs/msg/Path",
+              "rviz_default_plugins/Pose": "geometry_msgs/msg/PoseStamped",
+              "rviz_default_plugins/Odometry": "nav_msgs/msg/Odometry"}
+NODE_STATUSES = {"sim: world", "go2_bridge: motion", "navigator: navigation"}  # each node's on /diagnostics
+
+
+def rviz_topics() -> list[tuple[str, str, bool]]:
+    """(topic, type, transient local) of every display in config/go2_sim.rviz."""
+    config = yaml.safe_load((REPO / "config" / "go2_sim.rviz").read_text())
+    out = []
+    for display in config["Visualization Manager"]["Displays"]:
+        kind = display["Class"]
+        if kind == "rviz_default_plugins/TF":
+            out.append(("/tf", "tf2_msgs/msg/TFMessage", False))
+        elif kind != "rviz_default_plugins/Grid":
+            topic = display["Topic"]
+            out.append((topic["Value"], RVIZ_TYPES[kind], topic.get("Durability Policy") == "Transient Local"))
+    return out
+
+
+def assert_rviz_displays_are_published(host, probe) -> None:
+    """Every topic the .rviz file shows is in the graph with the display's type, and a message comes."""
+    shown = dict(probe.get_topic_names_and_types())
+    topics = rviz_topics()
+    assert {t for t, _, _ in topics} >= {"/camera/image_raw", "/tf", "/sim/markers", "/sim/path", "/sim/goal",
+                                         "/edge_llm/navigator/decision"}
+    for topic, msg_type, transient_local in topics:
+        assert msg_type in shown.get(topic, []), (topic, msg_type, shown.get(topic))
+        heard = Recorder(probe, host.message(msg_type), topic, latched(host) if transient_local else 10)
+        heard.wait(lambda m: True, 30, f"a {msg_type} on {topic}")
 
 
 class Recorder:
@@ -109,6 +146,7 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
         actions = Recorder(probe, host.message("edge_llm_ros/msg/NavAction"), "/edge_llm/nav_action", 100)
         episode = Recorder(probe, host.message("std_msgs/msg/String"), "/edge_llm/navigator/episode", latched(host))
         odom = Recorder(probe, host.message("nav_msgs/msg/Odometry"), "/odom", 10)
+        diagnostics = Diagnostics(probe, host.message("diagnostic_msgs/msg/DiagnosticArray"))
         Image = host.message("sensor_msgs/msg/Image")
         image = probe.create_publisher(Image, "/camera/image_raw", 10)
         launch.wait_for_line("active: navigating with SmolLM2", 180)
@@ -136,6 +174,23 @@ def test_an_instruction_from_the_cli_drives_the_simulated_go2(request, backend, 
                 launch.output[-3000:])
         assert summary["first_motion_s"] > 0
         assert "collision: touched" not in launch.output, launch.output[-3000:]
+        assert_rviz_displays_are_published(host, probe)
+        decision = Recorder(probe, host.message("visualization_msgs/msg/Marker"), "/edge_llm/navigator/decision",
+                            latched(host)).wait(lambda m: True, 30, "the decision marker")
+        assert decision.header.frame_id == "base_link" and decision.text.split(":")[0] in (
+            "stop", *{a.action for a in actions.items}), decision.text
+        for name in NODE_STATUSES | ({"verifier_node: verifier"} if extra else set()):
+            diagnostics.status(name, timeout=30)
+        assert key_values(diagnostics.status("navigator: navigation"))["last decision action"] != ""
+        if backend == "rclpy":  # ros2's own CLI shows the same statuses
+            echoed = subprocess.run(["ros2", "topic", "echo", "--once", "/diagnostics",
+                                     "diagnostic_msgs/msg/DiagnosticArray"], env={**os.environ, **host.child_env},
+                                    capture_output=True, text=True, timeout=60)
+            assert echoed.returncode == 0, echoed.stderr
+            echoed = {(st["name"], st["hardware_id"]) for st in yaml.safe_load(echoed.stdout.split("---")[0])["status"]}
+            heard = lambda: {(st.name, st.hardware_id) for a in diagnostics.seen() for st in a.status}  # noqa: E731
+            assert echoed, "ros2 topic echo printed no status"
+            wait_until(lambda: echoed <= heard(), 10, f"the statuses ros2 echoed, {echoed}, heard here too")
         assert summary["overlap"] is True and summary["waiting_s"] >= 0
         decided = [a for a in actions.items if a.request_id == f"nav-{summary['episode']}" and a.raw_text]
         assert decided, actions.items

@@ -56,8 +56,11 @@ class Probe:
         self.subscribe("nav_msgs/msg/Odometry", "/odom", self.odoms, 50)
         self.subscribe("std_msgs/msg/String", "/sim/world", self.worlds, latched(host))
         self.subscribe("visualization_msgs/msg/MarkerArray", "/sim/markers", self.markers, latched(host))
-        if host.backend != "rclpy":  # tf2_msgs is not among the ROS 2 packages installed here
-            self.subscribe("tf2_msgs/msg/TFMessage", "/tf", self.tfs, 50)
+        self.subscribe("tf2_msgs/msg/TFMessage", "/tf", self.tfs, 50)  # rclpy: make ros2 vendors tf2_msgs here
+        self.paths: list = []
+        self.goals: list = []
+        self.subscribe("nav_msgs/msg/Path", "/sim/path", self.paths, 10)
+        self.subscribe("geometry_msgs/msg/PoseStamped", "/sim/goal", self.goals, latched(host))
         self.Twist = host.message("geometry_msgs/msg/Twist")
         self.cmd = node.create_publisher(self.Twist, "/cmd_vel", 10)
         self.reset_pub = node.create_publisher(host.message("std_msgs/msg/Int32"), "/sim/reset", 10)
@@ -205,14 +208,28 @@ def test_the_world_markers_and_tf_are_published(sim):
          "labels": len(world.objects), "robot": 1}
     labels = [m.text for m in markers if m.ns == "labels"]
     assert "red chair (target)" in labels
-    if probe.host.backend == "rclpy":
-        proc.wait_for_line("tf2_msgs is not available, /tf is not published", 10)
-        return
     probe.wait(lambda: probe.tfs, 10, "/tf")
     with probe.cond:
         transforms = probe.tfs[-1][1].transforms
     assert [(t.header.frame_id, t.child_frame_id) for t in transforms] == [("odom", "base_link"),
                                                                            ("base_link", "camera")]
+    # for rviz: the goal is the target object's position, the path the robot's way since the reset
+    probe.wait(lambda: probe.goals, 10, "/sim/goal")
+    with probe.cond:
+        goal = probe.goals[-1][1]
+    assert goal.header.frame_id == "odom"
+    assert (goal.pose.position.x, goal.pose.position.y) == pytest.approx(world.target_object.position)
+    def away(odom) -> float:
+        return math.hypot(odom.pose.pose.position.x - world.start.x, odom.pose.pose.position.y - world.start.y)
+
+    probe.drive(0.3, 0.0, lambda: away(probe.odom()) > 0.3, 30, "0.3 m forward")
+    def gone(path) -> list[float]:  # each pose's distance from the start
+        return [math.hypot(p.pose.position.x - world.start.x, p.pose.position.y - world.start.y) for p in path.poses]
+
+    probe.wait(lambda: probe.paths and gone(probe.paths[-1][1])[-1:] >= [0.25], 10, "a path of the drive")
+    with probe.cond:
+        path = probe.paths[-1][1]
+    assert path.header.frame_id == "odom" and gone(path) == sorted(gone(path)) and len(path.poses) >= 5, gone(path)
 
 
 @pytest.mark.parametrize("sim", BACKENDS, indirect=True)

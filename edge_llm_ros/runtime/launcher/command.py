@@ -7,6 +7,7 @@ import re
 import sys
 
 from edge_llm_ros.runtime.launcher.plan import (
+    PACKAGE,
     LaunchError,
     LaunchPlan,
     _one_line,
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_args(plan: LaunchPlan) -> None:
+    if plan.rviz:
+        print(f"rviz:=false    true: rviz2 with config/{plan.rviz} (under ROS 2)")
     if plan.overlay:
         given = ", ".join(map(str, plan.overlays)) or "none"
         print(f"{plan.overlay}:=FILE    a params file layered over {plan.params_file} (given: {given})")
@@ -69,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.show_args:
         _show_args(plan)
         return 0
+    if plan.rviz_asked:  # rviz2 is a ROS 2 (DDS) program; this launcher's nodes speak Zenoh
+        print(f"edge-llm-ros launch: rviz:=true: rviz2 does not run under the embedded launcher; on a machine with "
+              f"ROS 2 and rviz2, `ros2 launch {PACKAGE} {plan.source.name} rviz:=true` opens "
+              f"config/{plan.rviz} (or `rviz2 -d config/{plan.rviz}` beside a running ROS 2 deployment)",
+              file=sys.stderr)
     launcher = Launcher(plan, router=endpoint, sigterm_timeout=args.sigterm_timeout,
                         sigkill_timeout=args.sigkill_timeout)
     return launcher.run()

@@ -147,6 +147,9 @@ class LaunchPlan:
     # file layered over params_file; the files it named so far.
     overlay: str | None = None
     overlays: list[Path] = field(default_factory=list)
+    # The launch file's RVIZ: an rviz2 config under config/ that `rviz:=true` opens; whether it was asked.
+    rviz: str | None = None
+    rviz_asked: bool = False
 
     @property
     def params_files(self) -> list[Path]:
@@ -168,12 +171,12 @@ class LaunchPlan:
 
 def read_launch_file(path: Path) -> tuple[list[NodeSpec], str | None]:
     """NODES and CONFIG of a launch file, read without calling generate_launch_description()."""
-    nodes, config, _, _ = _read_launch_scope(path)
+    nodes, config, _, _, _ = _read_launch_scope(path)
     return nodes, config
 
 
-def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable | None, str | None]:
-    """NODES, CONFIG, select_nodes and OVERLAY (None where the file has none) of a launch file."""
+def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable | None, str | None, str | None]:
+    """NODES, CONFIG, select_nodes, OVERLAY and RVIZ (None where the file has none) of a launch file."""
     try:
         scope = runpy.run_path(str(path), run_name="__edge_llm_launch__")
     except FileNotFoundError:
@@ -181,7 +184,9 @@ def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable
     except Exception as exc:  # a launch file is user code: any failure is a bad input
         raise LaunchError(f"{path}: cannot load launch file ({type(exc).__name__}: {_one_line(exc)})") from None
     nodes, config, select = scope.get("NODES"), scope.get("CONFIG"), scope.get("select_nodes")
-    overlay = scope.get("OVERLAY")
+    overlay, rviz = scope.get("OVERLAY"), scope.get("RVIZ")
+    if rviz is not None and not (isinstance(rviz, str) and rviz.endswith(".rviz")):
+        raise LaunchError(f"{path}: RVIZ is the name of an rviz2 config under config/, got {rviz!r}")
     if select is not None and not callable(select):
         raise LaunchError(f"{path}: select_nodes is a function of the launch arguments, got {select!r}")
     if overlay is not None and not (isinstance(overlay, str) and _TOKEN.fullmatch(overlay)):
@@ -196,7 +201,7 @@ def _read_launch_scope(path: Path) -> tuple[list[NodeSpec], str | None, Callable
         if spec.fqn in seen:
             raise LaunchError(f"{path}: two nodes named {spec.fqn}")
         seen.add(spec.fqn)
-    return specs, config, select, overlay
+    return specs, config, select, overlay, rviz
 
 
 def find_config(config: str, launch_file: Path) -> Path:
@@ -259,13 +264,13 @@ def load_plan(target: str) -> LaunchPlan:
         return plan_from_params_file(path)
     if path.suffix != ".py" and "/" not in target:
         path = find_launch_file(target)
-    nodes, config, select, overlay = _read_launch_scope(path)
+    nodes, config, select, overlay, rviz = _read_launch_scope(path)
     if not nodes:
         raise LaunchError(f"{path}: NODES is empty")
     params_file = find_config(config, path) if config else None
     if params_file is not None:
         list_nodes(params_file)  # a missing or malformed params file fails here, before anything runs
-    return LaunchPlan(path, nodes, params_file, select, overlay)
+    return LaunchPlan(path, nodes, params_file, select, overlay, rviz=rviz)
 
 
 def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
@@ -286,6 +291,11 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
         key, _, raw = item.partition(":=")
         if key == plan.overlay:
             continue
+        if key == "rviz" and plan.rviz is not None:
+            if raw.lower() not in ("true", "false"):
+                raise LaunchError(f"launch argument rviz:={raw}: must be true or false")
+            plan.rviz_asked = raw.lower() == "true"
+            continue
         if key not in declared:
             where = plan.params_file or plan.source
             known = ", ".join(sorted([*declared, *([plan.overlay] if plan.overlay else [])])) or "none"
@@ -304,7 +314,7 @@ def select_nodes(plan: LaunchPlan, declared: dict[str, dict[str, Any]], argument
     for key, per_node in declared.items():
         default = next(iter(per_node.values()))
         values[key] = default if isinstance(default, str) else format_param_value(default)
-    values.update(item.partition(":=")[::2] for item in arguments)
+    values.update(item.partition(":=")[::2] for item in arguments if not item.startswith("rviz:="))
     try:
         names = set(plan.select(values))
     except ValueError as exc:
