@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from support import cli
 
+pytestmark = pytest.mark.slow  # each test runs the CLI as a process
+
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 TALKER_BAG = SHARED / "testdata" / "ros2_bags" / "talker_mcap"  # written by a real rosbag2: a talker, no stats
 
