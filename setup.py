@@ -51,6 +51,8 @@ setup(
         share("action", "*.action"),
         share("launch", "*.py"),
         share("config", "*.yaml"),
+        share("config", "*.rviz"),  # rviz2 (go2_sim.launch.py rviz:=true)
+        share("config", "*.perspective"),  # rqt --perspective-file
         share("config/worlds", "*.yaml"),
         # vendored interface packages (runtime/interfaces.py VENDORED): their msg/ for the embedded backend
         ("share/unitree_api/msg", [str(p) for p in sorted((here / "interfaces/unitree_api/msg").glob("*.msg"))]),

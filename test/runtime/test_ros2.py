@@ -19,6 +19,7 @@ domain of their own; no socket of theirs talks to an address other than loopback
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -64,6 +65,38 @@ def ros2_shows(env: dict, wanted: list[str], *args: str, timeout: float = 60) ->
         return out.stdout + out.stderr if all(w in out.stdout + out.stderr for w in wanted) else None
 
     return wait_until(attempt, timeout, f"`ros2 {' '.join(args)}` to show {wanted}", interval=0.5)
+
+
+def perspective_topics() -> tuple[list[tuple[str, str]], list[str]]:
+    """config/edge_llm.perspective: the (topic, field) of every rqt_plot curve, and rqt_topic's topics."""
+    groups = json.loads((REPO / "config" / "edge_llm.perspective").read_text())["groups"]["pluginmanager"]["groups"]
+    plotted, shown = [], []
+    for name, plugin in groups.items():
+        keys = plugin["groups"]["plugin"]["keys"]
+        if name.startswith("plugin__rqt_plot__Plot__"):
+            plotted += [tuple(path.rsplit("/", 1)) for path in ast.literal_eval(keys["topics"]["repr"])]
+        elif name.startswith("plugin__rqt_topic__TopicPlugin__"):
+            shown += ast.literal_eval(keys["selected_topics"]["repr"])
+    return plotted, shown
+
+
+def assert_the_perspective_names_what_the_deployment_publishes(env: dict) -> None:
+    """Every topic config/edge_llm.perspective shows is published, and every field it plots is a
+    number on that topic's type (read by rosidl from the installed interface, as rqt_plot does)."""
+    plotted, shown = perspective_topics()
+    assert {topic for topic, _ in plotted} == {"/edge_llm/stats"} and len(plotted) >= 3
+    assert {"/edge_llm/response", "/diagnostics_agg"} <= set(shown)
+    wanted = [f"{topic} [" for topic in {*shown, *(t for t, _ in plotted)}]
+    listing = ros2_shows(env, wanted, "topic", "list", "-t", "--no-daemon", "--spin-time", "3")
+    types = {line.split(" [")[0]: line.split(" [")[1].rstrip("]") for line in listing.splitlines() if " [" in line}
+    code = ("import sys, json\nfrom rosidl_runtime_py.utilities import get_message\n"
+            "print(json.dumps(get_message(sys.argv[1]).get_fields_and_field_types()))")
+    for topic in {t for t, _ in plotted}:
+        out = subprocess.run([sys.executable, "-c", code, types[topic]], env=env, capture_output=True, text=True,
+                             timeout=60)
+        fields = json.loads(out.stdout)
+        for _, field in (p for p in plotted if p[0] == topic):
+            assert fields.get(field) in ("double", "float", "int32", "uint32", "int64", "uint64"), (topic, field, fields)
 
 
 def python(env: dict, code: str) -> str:
@@ -276,6 +309,7 @@ def test_pipeline_launch_answers_the_ros2_cli(env, pipeline, references):
     finally:
         echo.stop()
         pool.shutdown(wait=False)
+    assert_the_perspective_names_what_the_deployment_publishes(env)
     chunks = [yaml.safe_load(doc) for doc in echo.output.split("\n---") if "request_id:" in doc]
     assert len({c["request_id"] for c in chunks}) == 1 and chunks[-1]["done"]
     assert "".join(c["text"] for c in chunks) == expected[128].result(300)
