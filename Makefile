@@ -30,7 +30,7 @@ $(STAMP): setup.py constraints.txt
 	@echo "installing into $(VENV): pip, torch 2.13.0 (CPU), this package with its engine, bench and test extras..."
 	@$(PIP) install -q --upgrade pip
 	@$(PIP) install -q -c constraints.txt torch==2.13.0
-	@PYTHONWARNINGS=ignore $(PIP) install -q -c constraints.txt -e '.[engine,bench,test]'
+	@PYTHONWARNINGS=ignore $(PIP) install -q -c constraints.txt -e '.[engine,bench,test,foxglove]'
 	@echo "building llama-cpp-python from source (about 6 minutes on 2 cores)..."
 	@CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	  $(PIP) install -q --no-cache-dir -c constraints.txt llama-cpp-python==0.3.36
@@ -109,7 +109,14 @@ SOURCED := source $(VENV)/ros2_setup.sh && source $(ROS2_WS)/install/local_setup
 # and memory bounds) one at a time, as they time and load the machine themselves, collected from the
 # files that mark some (`pytest.mark.serial` in the file: no time spent collecting the rest). All always run;
 # the target fails if any failed.
-test: install ros2 vlm
+# Foxglove's own client and ROS 2 decoders, pinned (test/foxglove/package-lock.json), for test_foxglove.py
+FOXGLOVE_CLIENT := test/foxglove/node_modules/.installed
+$(FOXGLOVE_CLIENT): test/foxglove/package.json test/foxglove/package-lock.json
+	@echo "installing Foxglove's npm client packages into test/foxglove (npm ci)..."
+	@npm ci --prefix test/foxglove --no-audit --no-fund --loglevel=error > /dev/null
+	@touch $(FOXGLOVE_CLIENT)
+
+test: install ros2 vlm $(FOXGLOVE_CLIENT)
 	@vlm=0; $(VLM_PY) -m pytest -q -m vlm -n 2 --dist loadfile test/vlm || vlm=$$?; \
 	  $(SOURCED) true || { echo "make test: sourcing ROS 2 or this package's install failed (make ros2)" >&2; exit 1; }; \
 	  parallel=0; serial=0; \
@@ -123,4 +130,4 @@ test-fast: install ros2
 	$(SOURCED) $(PY) -m pytest -q -m "not slow and not vlm" -n 2 test
 
 clean:
-	rm -rf $(VENV) $(VLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLM_VENV) build *.egg-info test/foxglove/node_modules

@@ -35,6 +35,7 @@ setup(
         # which must be built for the installed torch (the Makefile's `vlm` venv says why it has its own).
         "vlm": ["qwen-vl-utils>=0.0.14", "torchvision"],
         "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
+        "foxglove": ["foxglove-sdk>=0.30,<0.31"],  # foxglove_bridge_node (foxglove:=true): its WebSocket server
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
         # ruff and mypy: test/test_lint.py runs them (versions: constraints.txt)
         "test": ["pytest>=8", "pytest-timeout>=2", "pytest-xdist>=3.6", "ruff>=0.17.6", "mypy>=2.4",

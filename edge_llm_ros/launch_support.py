@@ -94,7 +94,26 @@ def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] 
             actions.append(Node(package=PACKAGE, executable=spec.executable, name=spec.name,
                                 namespace=spec.namespace or None, parameters=[*files, overrides],
                                 remappings=spec.remappings, output="screen", **extra))
-    return LaunchDescription(actions)
+    return LaunchDescription(actions + foxglove(next((spec.namespace for spec in specs if spec.namespace), "edge_llm")))
+
+
+def foxglove(namespace: str) -> list:
+    """`foxglove:=true` (and `foxglove_port:=`, 8765 by default): a foxglove_bridge_node beside the nodes,
+    as the embedded launcher adds one (runtime/launcher/plan.py launcher_arguments)."""
+    from launch.actions import DeclareLaunchArgument
+    from launch.conditions import IfCondition
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    from edge_llm_ros.runtime.launcher.plan import FOXGLOVE_PORT
+
+    return [DeclareLaunchArgument("foxglove", default_value="false",
+                                  description="true: foxglove_bridge_node serves the graph on Foxglove's WebSocket protocol"),
+            DeclareLaunchArgument("foxglove_port", default_value=str(FOXGLOVE_PORT),
+                                  description="the Foxglove WebSocket server's port (127.0.0.1)"),
+            Node(package=PACKAGE, executable="foxglove_bridge_node", name="foxglove_bridge", namespace=namespace,
+                 parameters=[{"port": LaunchConfiguration("foxglove_port")}], output="screen",
+                 condition=IfCondition(LaunchConfiguration("foxglove")))]
 
 
 def rviz(config: str) -> list:

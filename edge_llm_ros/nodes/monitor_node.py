@@ -3,7 +3,7 @@
 Each node of the package publishes its own statuses on `/diagnostics` (nodes/diagnostics.py). The
 monitor listens there and, every 1/`pub_rate` seconds, publishes on `/diagnostics_agg`
 (diagnostic_msgs/DiagnosticArray) a tree for rqt_robot_monitor: one status per deployment part
-(`/Serving`, `/Edge-cloud`, `/Pipeline`, `/Planning`, `/Navigation`, `/Other`; its level the worst
+(`/Serving`, `/Edge-cloud`, `/Pipeline`, `/Planning`, `/Navigation`, `/Operator`, `/Other`; its level the worst
 of its members') and under it each status it heard, named `/<part>/<status name>`. A status not
 heard for 3 periods is STALE, and OK again (or whatever it says) once it is heard. The worst of all
 goes on `/diagnostics_toplevel_state` (diagnostic_msgs/DiagnosticStatus).
@@ -20,16 +20,17 @@ import time
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node, stamp
-from edge_llm_ros.nodes.diagnostics import LEVEL_NAMES, OK, STALE, as_level, level_of
+from edge_llm_ros.nodes.diagnostics import LEVEL_NAMES, OK, STALE, Status, Updater, as_level, level_of
 from edge_llm_ros.nodes.parameters import declare, param
 
 STALE_PERIODS = 3
 # (part, the node names its statuses start with), in the tree's order; a status matching none is /Other
-PARTS = (("Serving", ("serve_node",)),
+PARTS = (("Serving", ("serve_node", "echo_node")),
          ("Edge-cloud", ("draft_node", "verifier_node")),
          ("Pipeline", ("stage_",)),
          ("Planning", ("planner",)),
-         ("Navigation", ("navigator", "go2_bridge", "sim")))
+         ("Navigation", ("navigator", "go2_bridge", "sim")),
+         ("Operator", ("monitor", "foxglove_bridge")))
 
 
 def part_of(status_name: str) -> str:
@@ -59,6 +60,18 @@ class MonitorNode(rt.Node):
         self.agg_pub = self.create_publisher(self.Array, "/diagnostics_agg", 10)
         self.top_pub = self.create_publisher(self.Status, "/diagnostics_toplevel_state", 10)
         self.create_timer(self.period, self.publish)
+        self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (aggregator)")
+        self.diagnostics.add("aggregator", self.diagnose)
+
+    def diagnose(self, status: Status) -> None:
+        """Its own status: how many statuses it gathers and how many of them are stale."""
+        now = time.monotonic()
+        with self.lock:
+            heard = list(self.heard.values())
+        stale = sum(1 for seen, _ in heard if now - seen > STALE_PERIODS * self.period)
+        status.summary(OK, f"{len(heard)} statuses, {stale} stale")
+        status.add("statuses", len(heard))
+        status.add("stale", stale)
 
     def on_diagnostics(self, array) -> None:
         now = time.monotonic()

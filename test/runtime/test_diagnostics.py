@@ -187,5 +187,6 @@ def test_the_aggregator_yaml_groups_as_the_monitor_does():
     assert groups == dict(PARTS)
     for node, part in (("serve_node", "Serving"), ("draft_node", "Edge-cloud"), ("verifier_node", "Edge-cloud"),
                        ("stage_node", "Pipeline"), ("planner_node", "Planning"), ("navigator", "Navigation"),
-                       ("go2_bridge", "Navigation"), ("echo_node", "Other")):
+                       ("go2_bridge", "Navigation"), ("echo_node", "Serving"),
+                       ("foxglove_bridge", "Operator"), ("monitor", "Operator"), ("my_node", "Other")):
         assert part_of(f"{node}: requests") == part

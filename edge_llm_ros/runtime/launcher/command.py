@@ -7,6 +7,7 @@ import re
 import sys
 
 from edge_llm_ros.runtime.launcher.plan import (
+    FOXGLOVE_PORT,
     PACKAGE,
     LaunchError,
     LaunchPlan,
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_args(plan: LaunchPlan) -> None:
+    print("foxglove:=false    true: a foxglove_bridge_node (Foxglove's WebSocket protocol) on foxglove_port")
+    print(f"foxglove_port:={FOXGLOVE_PORT}")
     if plan.rviz:
         print(f"rviz:=false    true: rviz2 with config/{plan.rviz} (under ROS 2)")
     if plan.overlay:

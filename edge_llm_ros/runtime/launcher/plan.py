@@ -22,6 +22,7 @@ from typing import Any
 from edge_llm_ros.runtime.params import format_param_value, list_nodes, load_params_files, node_fqn, parse_param_value
 
 PACKAGE = "edge_llm_ros"
+FOXGLOVE_PORT = 8765  # foxglove_port's default: the Foxglove app's default connection
 NODES_PACKAGE = f"{PACKAGE}.nodes"
 _NODE_KEYS = ("executable", "name", "namespace", "remappings", "required", "module", "cmd", "prefix",
               "respawn", "respawn_delay", "respawn_max_retries", "lifecycle")
@@ -150,6 +151,7 @@ class LaunchPlan:
     # The launch file's RVIZ: an rviz2 config under config/ that `rviz:=true` opens; whether it was asked.
     rviz: str | None = None
     rviz_asked: bool = False
+    foxglove_port: int | None = None  # foxglove:=true: a foxglove_bridge_node on this port
 
     @property
     def params_files(self) -> list[Path]:
@@ -273,9 +275,37 @@ def load_plan(target: str) -> LaunchPlan:
     return LaunchPlan(path, nodes, params_file, select, overlay, rviz=rviz)
 
 
+def _flag(key: str, raw: str) -> bool:
+    if raw.lower() not in ("true", "false"):
+        raise LaunchError(f"launch argument {key}:={raw}: must be true or false")
+    return raw.lower() == "true"
+
+
+def launcher_arguments(plan: LaunchPlan, arguments: list[str]) -> list[str]:
+    """Take the arguments every launch has (``foxglove``, ``foxglove_port``; ``rviz`` where the launch
+    file names an RVIZ config) off ``arguments``; the rest, which set parameters."""
+    rest, foxglove, port = [], False, FOXGLOVE_PORT
+    for item in arguments:
+        key, _, raw = item.partition(":=")
+        if key == "rviz" and plan.rviz is not None:
+            plan.rviz_asked = _flag(key, raw)
+        elif key == "foxglove":
+            foxglove = _flag(key, raw)
+        elif key == "foxglove_port":
+            if not (raw.isdigit() and int(raw) <= 65535):
+                raise LaunchError(f"launch argument foxglove_port:={raw}: must be a port number in [0, 65535]")
+            port = int(raw)
+        else:
+            rest.append(item)
+    plan.foxglove_port = port if foxglove else None
+    return rest
+
+
 def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
     """`name:=value` launch arguments become `-p` overrides on every node whose parameters have that name;
-    the launch file's OVERLAY argument names a params file layered over its CONFIG (before the overrides)."""
+    the launch file's OVERLAY argument names a params file layered over its CONFIG (before the overrides).
+    `foxglove:=true` adds a foxglove_bridge_node (on `foxglove_port`, 8765 by default) to any launch."""
+    arguments = launcher_arguments(plan, arguments)
     for item in arguments:
         key, sep, raw = item.partition(":=")
         if not sep or not key:
@@ -291,11 +321,6 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
         key, _, raw = item.partition(":=")
         if key == plan.overlay:
             continue
-        if key == "rviz" and plan.rviz is not None:
-            if raw.lower() not in ("true", "false"):
-                raise LaunchError(f"launch argument rviz:={raw}: must be true or false")
-            plan.rviz_asked = raw.lower() == "true"
-            continue
         if key not in declared:
             where = plan.params_file or plan.source
             known = ", ".join(sorted([*declared, *([plan.overlay] if plan.overlay else [])])) or "none"
@@ -306,6 +331,10 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
                 node.parameters[key] = _override_text(key, raw, declared[key][node.fqn], plan.params_file)
     if plan.select is not None:
         select_nodes(plan, declared, arguments)
+    if plan.foxglove_port is not None:
+        namespace = next((n.namespace for n in plan.nodes if n.namespace), "edge_llm")
+        plan.nodes.append(NodeSpec("foxglove_bridge_node", "foxglove_bridge", namespace, required=False,
+                                   parameters={"port": str(plan.foxglove_port)}))
 
 
 def select_nodes(plan: LaunchPlan, declared: dict[str, dict[str, Any]], arguments: list[str]) -> None:
@@ -314,7 +343,7 @@ def select_nodes(plan: LaunchPlan, declared: dict[str, dict[str, Any]], argument
     for key, per_node in declared.items():
         default = next(iter(per_node.values()))
         values[key] = default if isinstance(default, str) else format_param_value(default)
-    values.update(item.partition(":=")[::2] for item in arguments if not item.startswith("rviz:="))
+    values.update(item.partition(":=")[::2] for item in arguments)
     try:
         names = set(plan.select(values))
     except ValueError as exc:
