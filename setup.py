@@ -55,6 +55,7 @@ setup(
         share("config", "*.rviz"),  # rviz2 (go2_sim.launch.py rviz:=true)
         share("config", "*.perspective"),  # rqt --perspective-file
         share("config/worlds", "*.yaml"),
+        share("config/foxglove", "*.json"),  # the Foxglove app's layout (Import layout)
         # vendored interface packages (runtime/interfaces.py VENDORED): their msg/ for the embedded backend
         ("share/unitree_api/msg", [str(p) for p in sorted((here / "interfaces/unitree_api/msg").glob("*.msg"))]),
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),

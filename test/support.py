@@ -312,3 +312,34 @@ class Diagnostics:
         def found():
             return next((s for a in reversed(self.seen()[after:]) for s in a.status if s.name == name and where(s)), None)
         return wait_until(found, timeout, f"a status {name!r} on /diagnostics")
+
+
+def foxglove_layout() -> dict[str, list[str]]:
+    """config/foxglove/edge_llm.json: each topic its panels name, with the fields they read ('' for a
+    whole message), and the Publish panel's topic under the key 'publish'."""
+    import json
+
+    config = json.loads((REPO / "config" / "foxglove" / "edge_llm.json").read_text())["configById"]
+    named: dict[str, list[str]] = collections.defaultdict(list)
+
+    def add(path: str) -> None:
+        topic, _, field = path.partition(".")
+        named[topic].append(field)
+
+    for panel, settings in config.items():
+        kind = panel.split("!")[0]
+        if kind == "Image":
+            add(settings["imageMode"]["imageTopic"])
+        elif kind == "3D":
+            for topic in settings["topics"]:
+                add(topic)
+        elif kind == "Plot":
+            for path in settings["paths"]:
+                add(path["value"])
+        elif kind == "RawMessages":
+            add(settings["topicPath"])
+        elif kind == "DiagnosticSummary":
+            add(settings["topicToRender"])
+        elif kind == "Publish":
+            named["publish"] = [settings["topicName"], settings["datatype"]]
+    return dict(named)

@@ -21,7 +21,7 @@ const client = new FoxgloveClient({ ws: new WebSocket(url, ["foxglove.sdk.v1"]) 
 const channels = new Map(); // channel id -> { topic, schemaName, reader }
 const subscriptions = new Map(); // subscription id -> channel id
 const out = {
-  serverInfo: null, channels: [], decoded: {}, failures: [], statuses: [], diagnostics: {}, response: { id: "", text: "", done: false, status: -1 },
+  serverInfo: null, channels: [], decoded: {}, fields: {}, failures: [], statuses: [], diagnostics: {}, response: { id: "", text: "", done: false, status: -1 },
   sent: 0, errors: [],
 };
 let instructionChannel = null;
@@ -62,6 +62,7 @@ client.on("message", ({ subscriptionId, data }) => {
     return;
   }
   out.decoded[channel.topic] = (out.decoded[channel.topic] || 0) + 1;
+  if (!out.fields[channel.topic]) out.fields[channel.topic] = Object.keys(message);
   if (channel.topic === "/diagnostics") {
     for (const status of message.status) out.diagnostics[status.name] = { level: status.level, hardware_id: status.hardware_id, message: status.message };
   } else if (channel.topic === "/edge_llm/response") {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from hosts import BACKENDS, host_for, start_launch, stop_launch
-from support import Diagnostics, in_ci, key_values, wait_until
+from support import Diagnostics, foxglove_layout, in_ci, key_values, wait_until
 
 pytestmark = pytest.mark.slow  # the launched pipeline (SmolLM2) and node.js
 
@@ -87,6 +87,15 @@ def test_foxgloves_client_decodes_every_channel_and_its_instruction_is_answered(
             assert topics[topic]["schemaName"] == type_name, topics.get(topic)
         assert all((c["encoding"], c["schemaEncoding"]) == ("cdr", "ros2msg") for c in seen["channels"]), seen["channels"]
         assert seen["decoded"].get("/diagnostics", 0) > 0 and seen["decoded"].get("/edge_llm/response", 0) > 0
+        # the layout (config/foxglove/edge_llm.json): its serving topics are channels, each field it reads is there
+        layout = foxglove_layout()
+        publish_topic, publish_type = layout.pop("publish")
+        assert topics[publish_topic]["schemaName"] == publish_type
+        for topic, fields in layout.items():
+            if topic.startswith(("/camera/", "/sim/", "/edge_llm/navigator/")):
+                continue  # the robot's: test_go2_sim checks those against the launched go2_sim
+            assert topic in topics, (topic, sorted(topics))
+            assert {f for f in fields if f} <= set(seen["fields"].get(topic, [])), (topic, fields, seen["fields"].get(topic))
         # a status per running node, as the client decoded them
         assert STATUSES <= set(seen["diagnostics"]), sorted(seen["diagnostics"])
         # the instruction the client published, answered: the target's greedy text

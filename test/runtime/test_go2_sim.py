@@ -28,7 +28,7 @@ import yaml
 from hosts import BACKENDS, host_for, latched
 from hosts import start_launch as launch_on
 from hosts import stop_launch as stop
-from support import REPO, Diagnostics, Proc, cli, key_values, wait_until
+from support import REPO, Diagnostics, Proc, cli, foxglove_layout, key_values, wait_until
 
 pytestmark = pytest.mark.slow  # three node processes, SmolLM2 in one
 
@@ -78,11 +78,14 @@ def rviz_topics() -> list[tuple[str, str, bool]]:
 
 
 def assert_rviz_displays_are_published(host, probe) -> None:
-    """Every topic the .rviz file shows is in the graph with the display's type, and a message comes."""
+    """Every topic the .rviz file shows is in the graph with the display's type, and a message comes;
+    the Foxglove layout's robot topics are among them."""
     shown = dict(probe.get_topic_names_and_types())
     topics = rviz_topics()
     assert {t for t, _, _ in topics} >= {"/camera/image_raw", "/tf", "/sim/markers", "/sim/path", "/sim/goal",
                                          "/edge_llm/navigator/decision"}
+    robots = {t for t in foxglove_layout() if t.startswith(("/camera/", "/sim/", "/edge_llm/navigator/"))}
+    assert robots and robots <= {t for t, _, _ in topics}, robots  # the Foxglove layout's robot topics too
     for topic, msg_type, transient_local in topics:
         assert msg_type in shown.get(topic, []), (topic, msg_type, shown.get(topic))
         heard = Recorder(probe, host.message(msg_type), topic, latched(host) if transient_local else 10)
