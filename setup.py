@@ -34,7 +34,8 @@ setup(
         # Qwen2-VL / Qwen2.5-VL preprocessing (nav/qwen_vl.py): qwen-vl-utils imports torchvision,
         # which must be built for the installed torch (the Makefile's `vlm` venv says why it has its own).
         "vlm": ["qwen-vl-utils>=0.0.14", "torchvision"],
-        "bench": ["matplotlib>=3.8"],  # edge-llm-ros bench --png
+        # edge-llm-ros bench --png; websockets: bench --scenario serving --foxglove's client of the bridge
+        "bench": ["matplotlib>=3.8", "websockets>=13"],
         "foxglove": ["foxglove-sdk>=0.30,<0.31"],  # foxglove_bridge_node (foxglove:=true): its WebSocket server
         "cpu": ["llama-cpp-python>=0.3.36"],  # the llama.cpp backend (make install builds it: see the Makefile)
         # ruff and mypy: test/test_lint.py runs them (versions: constraints.txt)

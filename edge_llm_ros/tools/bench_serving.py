@@ -254,7 +254,8 @@ def llama_cpp_rows(model: Path, prompts: list[BenchPrompt], client_counts: list[
 
 
 def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int, threads: int, model: Path,
-                 model_given: bool, extra_args: list[str], log_path: Path | None, progress: bool) -> dict:
+                 model_given: bool, extra_args: list[str], log_path: Path | None, progress: bool,
+                 foxglove: int = 0) -> dict:
     prompts = list(BENCH_PROMPTS)
     max_requests = max(MAX_REQUESTS, *client_counts)
     # ar batched on llama.cpp whatever the device plan says: the exact batched path this bench is about
@@ -265,7 +266,8 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     load_before_launch = os.getloadavg()
     log = EventLog(log_path)
     try:
-        requests = node_runs(plan, client_counts, per_client, prompts, max_new_tokens, log, progress)
+        requests, watched = node_runs(plan, client_counts, per_client, prompts, max_new_tokens, log, progress,
+                                      foxglove=foxglove)
     finally:
         log.close()
     runs = []
@@ -311,8 +313,34 @@ def run_scenario(client_counts: list[int], per_client: int, max_new_tokens: int,
     }
     if left_out:
         report["notes"].append(f"not given (no node of the pipeline declares them): {', '.join(left_out)}")
+    if watched is not None:
+        def summary(requests):
+            return summarize_node(requests, llama["references"], prompts, llama["eos"])
+
+        report["foxglove"] = foxglove_report(watched, [summary(r) for r in watched["plain"]],
+                                             [summary(p["requests"]) for p in watched["bridged"]])
+        report["notes"].append(
+            "foxglove: the largest client count again, same deployment, in rounds of two passes: without a bridge, "
+            "then with foxglove_bridge_node started beside it and a Foxglove client (tools/foxglove_watch.py) "
+            "subscribed to every channel; ratio = mean aggregate tokens/s of the bridged passes / of the plain ones; "
+            "bridge_cores = the bridge's CPU seconds / the passes' wall seconds; target: ratio >= 0.95")
     add_ratios(report)
     return report
+
+
+def foxglove_report(watched: dict, plain: list[dict], bridged: list[dict]) -> dict:
+    without = [s["aggregate_tokens_per_s"] for s in plain]
+    with_bridge = [s["aggregate_tokens_per_s"] for s in bridged]
+    mean_without, mean_with = sum(without) / len(without), sum(with_bridge) / len(with_bridge)
+    passes = watched["bridged"]
+    cpu, wall = sum(p["bridge_cpu_s"] for p in passes), sum(p["wall_s"] for p in passes)
+    return {"clients": watched["clients"], "rounds": len(passes), "tokens_per_s_without": mean_without,
+            "tokens_per_s_with": mean_with, "passes_without": without, "passes_with": with_bridge,
+            "ratio": mean_with / mean_without if mean_without else None,
+            "exact": all(s["exact"] for s in plain + bridged),
+            "channels": max(p["channels"] for p in passes), "messages": sum(p["messages"] for p in passes),
+            "bytes": sum(p["bytes"] for p in passes), "bridge_cpu_s": cpu, "wall_s": wall,
+            "bridge_cores": cpu / wall if wall else None}
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -346,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the GGUF (default: the shipped SmolLM2-135M-Instruct; given to the node as {MODEL_ARG}:=)")
     p.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE",
                    help="a launch argument for the pipeline (repeatable)")
+    p.add_argument("--foxglove", type=int, nargs="?", const=None, default=0, metavar="ROUNDS",
+                   help="then the largest client count again in ROUNDS rounds (default 3; --quick 1) of two passes: "
+                        "without a bridge, and with foxglove_bridge_node and a Foxglove client on every channel: "
+                        "tokens/s with and without, and the bridge's CPU")
     return p
 
 
@@ -377,8 +409,11 @@ def run(args: argparse.Namespace, progress: bool) -> dict:
     if model.suffix != ".gguf":
         raise ToolError(f"--model must be a .gguf file, got {model}")
     pipeline_plan([], [*([f"{MODEL_ARG}:={model}"] if args.model else []), *args.set])  # checked before loading
+    rounds = (1 if args.quick else 3) if args.foxglove is None else args.foxglove
+    if rounds < 0:
+        raise ToolError(f"--foxglove takes a number of rounds (0: none), got {rounds}")
     return run_scenario(counts, per_client, max_new, threads, model, args.model is not None, args.set, args.log,
-                        progress=progress)
+                        progress=progress, foxglove=rounds)
 
 
 

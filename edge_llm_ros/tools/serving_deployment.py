@@ -147,9 +147,11 @@ def serving_lines(log: EventLog) -> list[str]:
 
 
 def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[BenchPrompt], max_new_tokens: int,
-              log: EventLog, progress: bool) -> dict[int, list[Request]]:
-    """One deployment of the pipeline, every client count in turn (after one untimed request)."""
-    runs = {}
+              log: EventLog, progress: bool, foxglove: int = 0) -> tuple[dict[int, list[Request]], dict | None]:
+    """One deployment of the pipeline, every client count in turn (after one untimed request); with
+    ``foxglove`` rounds, then the largest count again, without and with a foxglove_bridge_node and a
+    client of it on every channel, in turn (:func:`foxglove_pass`)."""
+    runs, watched = {}, None
     with local_router("serving-router") as endpoint:
         clients = Clients()
         try:
@@ -162,6 +164,64 @@ def node_runs(plan, client_counts: list[int], per_client: int, prompts: list[Ben
                         runs[n] = clients.run(schedule(n, per_client, len(prompts)), prompts, max_new_tokens)
                         deployment.check_alive()
                         bar.update(n * per_client)
+                if foxglove:
+                    watched = foxglove_pass(endpoint, clients, max(client_counts), per_client, prompts,
+                                            max_new_tokens, log, foxglove)
+                    deployment.check_alive()
         finally:
             clients.close()
-    return runs
+    return runs, watched
+
+
+def foxglove_pass(endpoint: str, clients: Clients, n: int, per_client: int, prompts: list[BenchPrompt],
+                  max_new_tokens: int, log: EventLog, rounds: int) -> dict:
+    """The ``n``-client load again, ``rounds`` times two passes in turn: one without a bridge, one with a
+    foxglove_bridge_node serving the graph (started for it) and a Foxglove client
+    (tools/foxglove_watch.py) subscribed to every channel. Taking turns keeps the machine's drift
+    out of the ratio. Each pass's requests, what the client received, the bridge's CPU seconds."""
+    plain, bridged = [], []
+    for _ in range(rounds):
+        plain.append(clients.run(schedule(n, per_client, len(prompts)), prompts, max_new_tokens))
+        bridged.append(bridged_pass(endpoint, clients, n, per_client, prompts, max_new_tokens, log))
+    return {"clients": n, "plain": plain, "bridged": bridged}
+
+
+def bridged_pass(endpoint: str, clients: Clients, n: int, per_client: int, prompts: list[BenchPrompt],
+                 max_new_tokens: int, log: EventLog) -> dict:
+    """One pass with a foxglove_bridge_node and a client on every channel (see :func:`foxglove_pass`)."""
+    import os
+    import subprocess
+    import sys
+
+    from edge_llm_ros.runtime.router import ENDPOINT_ENV, free_endpoint, router_reachable
+    from edge_llm_ros.tools.foxglove_watch import FoxgloveWatcher
+    from edge_llm_ros.tools.pipeline_deployment import cpu_seconds
+
+    port = int(free_endpoint().rsplit(":", 1)[1])
+    bridge = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.nodes.foxglove_bridge_node", "--ros-args",
+                               "-r", f"__ns:={NAMESPACE}", "-p", f"port:={port}"], env={**os.environ, ENDPOINT_ENV: endpoint},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    threading.Thread(target=lambda: [log.write(f"[foxglove_bridge] {line}") for line in bridge.stdout], daemon=True,
+                     name="foxglove-bridge-log").start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not router_reachable(f"tcp/127.0.0.1:{port}", timeout=0.5):  # the WebSocket server is up
+            if bridge.poll() is not None or time.monotonic() > deadline:
+                raise ToolError(f"foxglove_bridge_node did not serve on port {port} (exit {bridge.poll()}); "
+                                f"its last lines:\n{log.tail()}")
+            time.sleep(0.2)
+        with FoxgloveWatcher(f"ws://127.0.0.1:{port}") as watcher:
+            time.sleep(2.0)  # the subscriptions reach the bridge and its ROS subscriptions match
+            cpu_before, started = cpu_seconds(bridge.pid), time.perf_counter()
+            requests = clients.run(schedule(n, per_client, len(prompts)), prompts, max_new_tokens)
+            wall, cpu = time.perf_counter() - started, cpu_seconds(bridge.pid) - cpu_before
+            if watcher.error is not None:
+                raise ToolError(f"the Foxglove client failed: {watcher.error}")
+            return {"requests": requests, "channels": len(watcher.channels), "messages": watcher.messages,
+                    "bytes": watcher.bytes, "bridge_cpu_s": cpu, "wall_s": wall}
+    finally:
+        bridge.terminate()
+        try:
+            bridge.wait(10)
+        except subprocess.TimeoutExpired:
+            bridge.kill()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from edge_llm_ros.tools.bench_harness import LOSSLESS_MARK, fmt_value
 
+FOXGLOVE_RATIO = 0.95  # issue 29: serving tokens/s with a Foxglove client on every channel, over without
+
 
 def format_table(report: dict) -> str:
     m = report["machine"]
@@ -30,6 +32,16 @@ def format_table(report: dict) -> str:
             f"{fmt_value(r['per_request_tokens_per_s'], '.1f'):>11}{fmt_value(r['ttft_p50_s'], '.0f', 1000):>13}"
             f"{fmt_value(r['ttft_p95_s'], '.0f', 1000):>13}  {LOSSLESS_MARK[r['exact']]}"
             + ("" if r["llama_cpp_batch_exact"] else "  (llama_cpp_batch not exact)"))
+    fox = report.get("foxglove")
+    if fox is not None:
+        lines.append(
+            f"foxglove ({fox['clients']} clients, {fox['rounds']} rounds; a client on all {fox['channels']} channels: "
+            f"{fox['messages']} messages, {fox['bytes'] / 1e6:.2f} MB): {fmt_value(fox['tokens_per_s_with'], '.1f')} tok/s "
+            f"with the bridge ({', '.join(f'{v:.1f}' for v in fox['passes_with'])}), "
+            f"{fmt_value(fox['tokens_per_s_without'], '.1f')} without ({', '.join(f'{v:.1f}' for v in fox['passes_without'])}), "
+            f"ratio {fmt_value(fox['ratio'], '.3f')} "
+            f"(target >= {FOXGLOVE_RATIO}); the bridge used {fox['bridge_cpu_s']:.2f} CPU s "
+            f"({fmt_value(fox['bridge_cores'], '.2f')} cores)  {LOSSLESS_MARK[fox['exact']]}")
     return "\n".join(lines)
 
 
@@ -60,8 +72,15 @@ def plot(report: dict, path: Path) -> None:
 
 
 def failures(report: dict) -> list[str]:
-    """A NOT EXACT line per request whose tokens differ from llama.cpp's sequential output (or that failed)."""
+    """A NOT EXACT line per request whose tokens differ from llama.cpp's sequential output (or that failed);
+    with --foxglove, a line when the bridge's pass served under FOXGLOVE_RATIO of the tokens/s without it."""
     lines = []
+    fox = report.get("foxglove")
+    if fox is not None and (fox["ratio"] is None or fox["ratio"] < FOXGLOVE_RATIO):
+        lines.append(f"foxglove ratio: {fmt_value(fox['ratio'], '.3f')} of the tokens/s without the bridge, with a "
+                     f"Foxglove client on every channel (target >= {FOXGLOVE_RATIO})")
+    if fox is not None and not fox["exact"]:
+        lines.append("NOT EXACT: a request of the Foxglove pass differs from llama.cpp sequential")
     for run in report["runs"]:
         for bad in run["inexact"]:
             why = bad["error"] or f"differs from llama.cpp sequential at token {bad['first_difference']}"
