@@ -628,10 +628,30 @@ def test_go2_sim_starts_the_servers_its_deployment_needs(deployment, servers):
         assert "edge_llm_ros.nodes.stage_node" in command and f"__node:=stage_{i}" in command
 
 
+def test_foxglove_adds_a_bridge_to_any_launch_and_rviz_is_an_argument_where_the_file_names_a_config():
+    plan = load_plan("go2_sim")
+    apply_launch_args(plan, ["foxglove:=true", "foxglove_port:=9001", "rviz:=true", "deployment:=edge_cloud"])
+    assert [spec.fqn for spec in plan.nodes][-2:] == ["/edge_llm/verifier_node", "/edge_llm/foxglove_bridge"]
+    bridge = plan.nodes[-1]
+    assert bridge.parameters == {"port": "9001"} and not bridge.required
+    assert "edge_llm_ros.nodes.foxglove_bridge_node" in bridge.command(plan.params_files)
+    assert plan.rviz == "go2_sim.rviz" and plan.rviz_asked
+    plain = load_plan("pipeline")
+    apply_launch_args(plain, [])
+    assert "/edge_llm/foxglove_bridge" not in [spec.fqn for spec in plain.nodes]
+    for arguments, message in ((["rviz:=true"], "unknown launch argument 'rviz'"),  # pipeline names no rviz config
+                               (["foxglove:=maybe"], "launch argument foxglove:=maybe: must be true or false"),
+                               (["foxglove_port:=70000"], "foxglove_port:=70000: must be a port number in [0, 65535]")):
+        with pytest.raises(LaunchError, match=re.escape(message)):
+            apply_launch_args(load_plan("pipeline"), arguments)
+
+
 def test_show_args_lists_every_overridable_parameter(tmp_path, capsys):
     launch = deployment(tmp_path, [node("talker"), node("listener"), node("stubborn", namespace="")])
     assert launcher_main([str(launch), "--show-args"]) == 0
     assert capsys.readouterr().out.splitlines() == [
+        "foxglove:=false    true: a foxglove_bridge_node (Foxglove's WebSocket protocol) on foxglove_port",
+        "foxglove_port:=8765",
         "behavior:=stubborn    nodes: /stubborn",
         "greeting:=hello    nodes: /fx/talker, /fx/listener, /stubborn",
         "mode:=echo    nodes: /fx/talker, /fx/listener",
@@ -716,12 +736,15 @@ class _Recorded:
 def _fake_ros_launch(monkeypatch, share: Path | None = None) -> None:
     """Stand-ins for launch / launch_ros that record how launch_support calls their documented API."""
     mods = {name: types.ModuleType(name) for name in (
-        "launch", "launch.actions", "launch.substitutions", "launch.event_handlers", "launch.events", "launch_ros",
+        "launch", "launch.actions", "launch.conditions", "launch.substitutions", "launch.event_handlers", "launch.events",
+        "launch_ros",
         "launch_ros.actions", "launch_ros.event_handlers", "launch_ros.events", "launch_ros.events.lifecycle",
         "lifecycle_msgs", "lifecycle_msgs.msg")}
     for module, names in (("launch", ["LaunchDescription"]),
-                          ("launch.actions", ["DeclareLaunchArgument", "Shutdown", "EmitEvent", "RegisterEventHandler"]),
+                          ("launch.actions", ["DeclareLaunchArgument", "Shutdown", "EmitEvent", "RegisterEventHandler",
+                                              "ExecuteProcess", "LogInfo", "OpaqueFunction"]),
                           ("launch.substitutions", ["LaunchConfiguration"]), ("launch.event_handlers", ["OnProcessStart"]),
+                          ("launch.conditions", ["IfCondition"]),
                           ("launch_ros.actions", ["Node", "LifecycleNode"]),
                           ("launch_ros.event_handlers", ["OnStateTransition"]),
                           ("launch_ros.events.lifecycle", ["ChangeState"])):
@@ -748,13 +771,18 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
     declared = {a.args[0]: a.kwargs["default_value"] for a in actions if type(a).__name__ == "DeclareLaunchArgument"}
     assert {"max_requests": "16", "model": "''", "plan_file": "''", "threads": "0", "calibrate": "auto",
             "stats_period_s": "1.0", "context": "2048"}.items() <= declared.items()
-    nodes = [a.kwargs for a in actions if type(a).__name__ in ("Node", "LifecycleNode")]
+    assert {"foxglove": "false", "foxglove_port": "8765"}.items() <= declared.items()
+    *nodes, bridge = [a.kwargs for a in actions if type(a).__name__ in ("Node", "LifecycleNode")]
     assert [type(a).__name__ for a in actions if type(a).__name__ in ("Node", "LifecycleNode")] == [
-        "LifecycleNode", "LifecycleNode", "Node"]  # planner_node and serve_node are managed
+        "LifecycleNode", "LifecycleNode", "Node", "Node"]  # planner_node and serve_node are managed
     assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
         ("edge_llm_ros", "planner_node", "planner_node", "edge_llm", "screen"),
         ("edge_llm_ros", "serve_node", "serve_node", "edge_llm", "screen"),
         ("edge_llm_ros", "monitor_node", "monitor", "edge_llm", "screen")]
+    # foxglove:=true starts the bridge beside them, on foxglove_port
+    assert (bridge["executable"], bridge["name"], bridge["namespace"]) == ("foxglove_bridge_node", "foxglove_bridge",
+                                                                         "edge_llm")
+    assert bridge["condition"].args[0].args[0] == "foxglove" and bridge["parameters"][0]["port"].args[0] == "foxglove_port"
     serve_file, serve_overrides, managed = nodes[1]["parameters"]
     assert serve_file == str(installed) and managed == {"autostart": False}  # the launch drives its transitions
     assert nodes[0]["parameters"][2] == {"autostart": False}
@@ -771,7 +799,7 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
         assert activate.kwargs["event"].kwargs["transition_id"] == 3
     assert {k: (v.args[0], v.kwargs["default"]) for k, v in serve_overrides.items()}["max_requests"] == (
         "max_requests", "16")
-    assert list(nodes[2]["parameters"][1]) == ["stats_period_s"]
+    assert list(nodes[2]["parameters"][1]) == ["pub_rate"]
     running, stopping = types.SimpleNamespace(is_shutdown=False), types.SimpleNamespace(is_shutdown=True)
     assert all(type(n["on_exit"](None, running)[0]).__name__ == "Shutdown" for n in nodes)  # all required
     assert all(n["on_exit"](None, stopping) is None for n in nodes)  # no second Shutdown while shutting down
@@ -788,8 +816,9 @@ def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
                                             "remappings": [("in", "/out")], "prefix": "taskset -c 1"}],
                                           "two.yaml")
     actions = description.args[0]
-    assert [a.args[0] for a in actions if type(a).__name__ == "DeclareLaunchArgument"] == ["k"]  # mode differs
-    a, b = (x.kwargs for x in actions if type(x).__name__ == "Node")
+    assert [a.args[0] for a in actions if type(a).__name__ == "DeclareLaunchArgument"] == [
+        "k", "foxglove", "foxglove_port"]  # mode differs; every launch has foxglove:= and foxglove_port:=
+    a, b, _bridge = (x.kwargs for x in actions if type(x).__name__ == "Node")
     assert a["parameters"][1]["mode"].kwargs["default"] == "x" and b["parameters"][1]["mode"].kwargs["default"] == "y"
     assert "on_exit" in a and "on_exit" not in b
     assert b["remappings"] == [("in", "/out")] and b["namespace"] is None
@@ -808,7 +837,7 @@ def test_ros2_launch_description_passes_respawn_settings(monkeypatch, tmp_path):
         {"executable": "e", "name": "b", "required": False, "respawn": True},
         {"executable": "e", "name": "c", "respawn": True},
         {"executable": "e", "name": "d"}], "r.yaml")
-    a, b, c, d = (x.kwargs for x in description.args[0] if type(x).__name__ == "Node")
+    a, b, c, d, _bridge = (x.kwargs for x in description.args[0] if type(x).__name__ == "Node")
     assert (a["respawn"], a["respawn_delay"], a["respawn_max_retries"]) == (True, 2.0, 2)
     assert (b["respawn"], b["respawn_delay"], b["respawn_max_retries"]) == (True, 0.0, -1)
     assert not any(key.startswith("respawn") for key in d)  # only when set
