@@ -17,7 +17,7 @@ import threading
 import uuid
 
 import pytest
-from support import Proc, wait_until
+from support import Diagnostics, Proc, key_values, level_of, wait_until
 
 PLAN_SRV, PROFILE_SRV, PLAN_MSG = "edge_llm_ros/srv/Plan", "edge_llm_ros/srv/Profile", "edge_llm_ros/msg/Plan"
 LLAMA = {1: 8.0, 2: 14.0, 3: 19.0, 4: 24.0, 5: 29.0, 8: 40.0}  # ms per n rows: ar wins on llama.cpp
@@ -218,6 +218,24 @@ def test_calibrate_never_without_a_plan_publishes_nothing_and_says_so(planner, p
     assert not answer.success and "no device plan" in answer.message
     assert late_plan(probe, node.resolve_topic_name("plan"), timeout=1.0) is None
     assert not (tmp_path / "absent.json").exists()
+
+
+def test_the_status_says_the_plan_in_force_and_is_an_error_without_one(planner, probe, tmp_path):
+    from edge_llm_ros import runtime as rt
+
+    heard = Diagnostics(probe, rt.message("diagnostic_msgs/msg/DiagnosticArray"))
+    fast = {"diagnostic_updater.period": 0.2}
+    missing = planner(plan_file=str(tmp_path / "absent.json"), calibrate="never", **fast)
+    mine = lambda node: lambda s: s.hardware_id.startswith(node.get_fully_qualified_name() + " ")  # noqa: E731
+    status = heard.status("planner_node: plan", mine(missing))
+    assert level_of(status) == 2 and status.message.startswith("configure failed: no device plan"), status.message
+    assert key_values(status)["lifecycle state"] == "unconfigured"
+    saved = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", **fast)
+    status = heard.status("planner_node: plan", mine(saved))
+    values = key_values(status)
+    assert level_of(status) == 0 and status.message.startswith("ar on llama.cpp, ")
+    assert (values["mode"], values["backend"], values["lifecycle state"]) == ("ar", "llama.cpp", "active")
+    assert 0 <= float(values["plan age s"]) < 600 and values["plan file"] == str(tmp_path / "plan.json")
 
 
 def node_ok():

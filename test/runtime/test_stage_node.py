@@ -22,7 +22,7 @@ import threading
 import pytest
 import torch
 from hosts import host_for
-from support import REPO, Proc, cli, setup_budget, stamped_now, wait_until
+from support import REPO, Diagnostics, Proc, cli, key_values, level_of, setup_budget, stamped_now, wait_until
 
 pytestmark = pytest.mark.slow  # real node processes with SmolLM2
 
@@ -32,6 +32,7 @@ PROMPT = "Name three things a robot needs to see."
 MAX_NEW_TOKENS = 16
 MAX_REQUESTS = 4
 WIDTH = 576  # SmolLM2-135M's hidden size
+WARN = 1  # DiagnosticStatus level
 
 
 def stage_cmd(*params: str, name: str = "stage_node") -> list[str]:
@@ -121,6 +122,7 @@ def scheduler(request, processes, prompt_and_expected):
     probe = host.Node("stage_probe", namespace="edge_llm")
     try:
         scheduler = Scheduler(host, probe)
+        scheduler.diagnostics = Diagnostics(probe, host.message("diagnostic_msgs/msg/DiagnosticArray"))
         wait_until(lambda: all(probe.count_subscribers(f"/edge_llm/stage_{i}/in") >= 1 for i in range(len(SPLIT)))
                    and probe.count_subscribers("/edge_llm/prune") >= 2
                    and probe.count_publishers("/edge_llm/verify") >= 2, 30, "the stages' topics")
@@ -203,6 +205,12 @@ def test_a_request_beyond_max_requests_is_refused_as_busy(scheduler, prompt_and_
     scheduler.send(prompt_rows("one-too-many", ids[:2]))
     assert scheduler.answer("one-too-many", 0).error.startswith(
         f"stage 0 (/edge_llm/stage_0): busy: {MAX_REQUESTS} requests hold a cache here")
+    # stage 0's status on /diagnostics: WARN for the refusal, its layers, the hop latency of what it served
+    busy = scheduler.diagnostics.status("stage_0: stage", lambda s: level_of(s) == WARN, timeout=30)
+    values = key_values(busy)
+    assert "message(s) refused in the last 1 s" in busy.message and values["layers"] == "0-10"
+    assert values["lifecycle state"] == "active" and float(values["resident MB"]) > 0
+    assert float(values["hop latency p50 s (last 60 s)"]) > 0 and int(values["requests holding a cache"]) >= 1
     scheduler.release(held[0])
     assert len(served_once_room_is_made(scheduler, "one-too-many", ids[:2])) == 2
     for request_id in [*held[1:], "one-too-many"]:
