@@ -119,6 +119,17 @@ class Updater:
             self.pub.publish(stamp(self.node, self.Array(status=statuses)))
 
 
+class Increase:
+    """How much a running count grew since the last status: ``new = self.busy.since_last(total)``."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def since_last(self, total: int) -> int:
+        new, self.seen = total - self.seen, total
+        return new
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values`` by nearest rank; 0.0 when empty."""
     if not values:

@@ -29,7 +29,7 @@ from typing import Any
 
 from edge_llm_ros import runtime as rt
 from edge_llm_ros.nodes.common import run_node
-from edge_llm_ros.nodes.diagnostics import OK, WARN, Status, Updater
+from edge_llm_ros.nodes.diagnostics import OK, WARN, Increase, Status, Updater
 from edge_llm_ros.nodes.parameters import declare, param
 
 APPLY_S = 0.1  # subscription changes asked by clients are applied on the node's executor this often
@@ -65,7 +65,7 @@ class FoxgloveBridgeNode(rt.Node):
         self.changes: queue.SimpleQueue = queue.SimpleQueue()  # topics whose subscription to revisit
         self.client_channels: dict[tuple[int, int], tuple[str, Any]] = {}  # (client, channel) -> (topic, publisher)
         self.counts = {"sent": 0, "published": 0, "refused": 0}
-        self.reported_refused = 0
+        self.refusals = Increase()  # client channels refused since the last status
         self.sink = foxglove.Context()  # this server's own: its channels reach no other sink
         self.server = foxglove.start_server(
             name=f"edge_llm_ros {self.get_fully_qualified_name()}", host=p.address, port=p.port,
@@ -217,7 +217,7 @@ class FoxgloveBridgeNode(rt.Node):
             counts, channels = dict(self.counts), len(self.channels)
             subscribed = sum(1 for n in self.subscribers.values() if n > 0)
             client_channels = len(self.client_channels)
-        refused, self.reported_refused = counts["refused"] - self.reported_refused, counts["refused"]
+        refused = self.refusals.since_last(counts["refused"])
         status.summary(OK, f"{channels} channels, {subscribed} subscribed")
         if refused:
             status.merge(WARN, f"{refused} client channel(s) refused in the last {self.diagnostics.period:g} s")

@@ -107,7 +107,7 @@ class FrontDoor(ManagedNode):
         if self.door.stats_period_s > 0:
             self.create_timer(self.door.stats_period_s, self.publish_recent_stats)
         self.ended = diag.Window()  # RequestStats of the requests ended in the last minute
-        self.busy_reported = 0  # busy refusals counted up to the last status
+        self.busy = diag.Increase()  # busy refusals since the last status
         self.diagnostics = diag.Updater(self, hardware_id=f"{self.get_fully_qualified_name()} ({self.params.backend})")
         self.diagnostics.add("requests", self.diagnose)
 
@@ -323,12 +323,9 @@ class FrontDoor(ManagedNode):
         state = self.lifecycle_state.label
         with self.counts:
             running, busy = self.running, sum(self.refused.values())
-        new_busy, self.busy_reported = busy - self.busy_reported, busy
+        new_busy = self.busy.since_last(busy)
         status.summary(diag.OK, f"active: {self.summary.split(';')[0]}" if self.active else state)
-        if self.failure:
-            status.merge(diag.ERROR, f"configure failed: {self.failure}")
-        elif not self.active:
-            status.merge(diag.WARN, f"{state}, not active: requests are refused")
+        self.lifecycle_status(status, "requests are refused")
         if new_busy:
             status.merge(diag.WARN, f"{new_busy} busy refusal(s) in the last {self.diagnostics.period:g} s")
         ended = self.ended.recent()

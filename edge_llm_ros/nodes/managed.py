@@ -98,6 +98,16 @@ class ManagedNode(rt.LifecycleNode, SelfStarting):
         return (f"inactive: {fqn} is {state}, not active ("
                 + "; ".join(f"ros2 lifecycle set {fqn} {step}" for step in steps) + ")")
 
+    def lifecycle_status(self, status, refused: str) -> None:
+        """The lifecycle's part of the node's status (nodes/diagnostics.py): ERROR when the last
+        configure failed, WARN while not active (``refused``: what the node refuses then)."""
+        from edge_llm_ros.nodes.diagnostics import ERROR, WARN
+
+        if self.failure:
+            status.merge(ERROR, f"configure failed: {self.failure}")
+        elif not self.active:
+            status.merge(WARN, f"{self.lifecycle_state.label}, not active: {refused}")
+
     # -- transitions -------------------------------------------------------------------------------
 
     def on_configure(self, state):

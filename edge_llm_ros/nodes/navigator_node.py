@@ -104,10 +104,7 @@ class NavigatorNode(ManagedNode):
         now, seen = self.episodes.snapshot(), self.outputs.last
         running = "running" if now["running"] else "idle"
         status.summary(OK, f"episode {now['episode']} {running}" + (f": {now['instruction']!r}" if now["running"] else ""))
-        if self.failure:
-            status.merge(ERROR, f"configure failed: {self.failure}")
-        elif not self.active:
-            status.merge(WARN, f"{self.lifecycle_state.label}, not active: instructions wait")
+        self.lifecycle_status(status, "instructions wait")
         if now["bridge"].startswith("estop"):
             status.merge(ERROR, "the bridge's e-stop is latched")
         age = now["frame age s"]

@@ -130,10 +130,7 @@ class PlannerNode(ManagedNode):
             status.summary(diag.OK, f"{c['mode']} on {c['backend']}, {c['tokens_per_s']:.1f} tokens/s expected")
         else:
             status.summary(diag.OK, "no device plan")
-        if self.failure:
-            status.merge(diag.ERROR, f"configure failed: {self.failure}")
-        elif not self.active:
-            status.merge(diag.WARN, f"{self.lifecycle_state.label}, not active: no device plan is published")
+        self.lifecycle_status(status, "no device plan is published")
         status.add("lifecycle state", self.lifecycle_state.label)
         status.add("plan file", str(self.plan_path))
         try:

@@ -47,7 +47,7 @@ from edge_llm_ros.nav.camera import Camera
 from edge_llm_ros.nav.world import ROBOT_RADIUS, Robot, World, WorldError
 from edge_llm_ros.nav.worldgen import GenerateConfig, generate
 from edge_llm_ros.nodes.common import latched_qos, run_node, stamp
-from edge_llm_ros.nodes.diagnostics import OK, WARN, Status, Updater
+from edge_llm_ros.nodes.diagnostics import OK, WARN, Increase, Status, Updater
 from edge_llm_ros.nodes.parameters import declare, param
 from edge_llm_ros.runtime.interfaces import interface_dirs
 
@@ -126,7 +126,7 @@ class SimNode(rt.Node):
         self.path.header.frame_id = "odom"
         self.path_pub = self.create_publisher(self.msg["nav_msgs/msg/Path"], "~/path", 10)
         self.goal_pub = self.create_publisher(self.msg["geometry_msgs/msg/PoseStamped"], "~/goal", latched_qos())
-        self.collisions = self.collisions_reported = 0
+        self.collisions, self.new_collisions = 0, Increase()  # since start; since the last status
         self.diagnostics = Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (2D simulator)")
         self.diagnostics.add("world", self.diagnose)
         self.create_subscription(rt.message("geometry_msgs/msg/Twist"), "/cmd_vel", self.on_cmd_vel, 10)
@@ -164,7 +164,7 @@ class SimNode(rt.Node):
         """WARN when the robot touched something in the last period; the world, the pose, the target."""
         with self.lock:
             world, pose, touching = self.world, self.robot.pose, self.touching
-            collisions, self.collisions_reported = self.collisions - self.collisions_reported, self.collisions
+            collisions = self.new_collisions.since_last(self.collisions)
         target = world.target_object
         status.summary(OK, f"{world.name}: target {target.name} {math.hypot(target.position[0] - pose.x, target.position[1] - pose.y):.2f} m away")
         if collisions:

@@ -43,7 +43,7 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.core.planning.partition import range_text
 from edge_llm_ros.errors import Status
 from edge_llm_ros.nodes.common import MatchGate, cpu_set, nav_adapter_param, pin_process, run_node, stamp
-from edge_llm_ros.nodes.diagnostics import ERROR, OK, WARN, Updater, Window, percentile
+from edge_llm_ros.nodes.diagnostics import OK, WARN, Increase, Updater, Window, percentile
 from edge_llm_ros.nodes.diagnostics import Status as Diagnostic
 from edge_llm_ros.nodes.managed import ManagedNode, rss_mb
 from edge_llm_ros.nodes.stage_params import StageParams
@@ -61,7 +61,7 @@ class StageNode(ManagedNode):
         self.lock = threading.Lock()  # the stage's caches: one run or one prune at a time
         self.stopping = threading.Event()
         self.refused = 0
-        self.refused_reported = 0  # refusals counted up to the last status
+        self.refusals = Increase()  # refusals since the last status
         self.hops, self.runs = Window(), Window()  # seconds: stamp -> arrival here; one message's run
         self.who = f"stage {p.index} ({self.get_fully_qualified_name()})"
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
@@ -117,13 +117,10 @@ class StageNode(ManagedNode):
         the layer range, resident memory, caches held, and the last minute's hop latency (a
         message's stamp to its arrival here) and run time."""
         p, stage = self.params, self.stage
-        refused, self.refused_reported = self.refused - self.refused_reported, self.refused
+        refused = self.refusals.since_last(self.refused)
         status.summary(OK, f"stage {p.index} of {p.stages()}" + (f": layers {range_text(stage.layers)}"
                                                                  if stage is not None else ""))
-        if self.failure:
-            status.merge(ERROR, f"configure failed: {self.failure}")
-        elif not self.active:
-            status.merge(WARN, f"{self.lifecycle_state.label}, not active: rows are refused")
+        self.lifecycle_status(status, "rows are refused")
         if refused:
             status.merge(WARN, f"{refused} message(s) refused in the last {self.diagnostics.period:g} s")
         hops, runs = self.hops.recent(), self.runs.recent()

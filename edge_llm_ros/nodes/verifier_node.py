@@ -103,7 +103,7 @@ class VerifierNode(ManagedNode):
         self.create_timer(max(1.0, idle_timeout_s / 4), lambda: self.put(("expire", None), live=True))
         self.send_worker = threading.Thread(target=self.send_loop, daemon=True, name="send")
         self.send_worker.start()
-        self.busy_reported = 0  # busy refusals counted up to the last status
+        self.busy = diag.Increase()  # busy refusals since the last status
         self.diagnostics = diag.Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (verifier)")
         self.diagnostics.add("verifier", self.diagnose)
 
@@ -111,13 +111,10 @@ class VerifierNode(ManagedNode):
         """ERROR when configure failed; WARN while not active or after busy refusals in the last period;
         the robots' requests served and queued, and the robots listening."""
         verifier, inbox = self.verifier, self.inbox
-        busy, self.busy_reported = self.refused_busy - self.busy_reported, self.refused_busy
+        busy = self.busy.since_last(self.refused_busy)
         served = verifier.served() if verifier is not None else 0
         status.summary(diag.OK, f"verifying {served} request(s)" if self.active else self.lifecycle_state.label)
-        if self.failure:
-            status.merge(diag.ERROR, f"configure failed: {self.failure}")
-        elif not self.active:
-            status.merge(diag.WARN, f"{self.lifecycle_state.label}, not active: drafts are refused")
+        self.lifecycle_status(status, "drafts are refused")
         if busy:
             status.merge(diag.WARN, f"{busy} busy refusal(s) in the last {self.diagnostics.period:g} s")
         for key, value in (("lifecycle state", self.lifecycle_state.label), ("requests served", served),

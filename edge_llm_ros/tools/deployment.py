@@ -220,3 +220,14 @@ def ask_profile(node, service: str, rows: tuple[int, ...], cached: int,
     if not answer.success:
         raise ToolError(f"{service} failed: {answer.message}")
     return [float(ms) / 1e3 for ms in answer.latency_ms]  # float32 in the message
+
+
+def end_process(proc, timeout: float = 10.0) -> None:
+    """SIGTERM a subprocess.Popen, and SIGKILL it if it is still there ``timeout`` seconds later."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()

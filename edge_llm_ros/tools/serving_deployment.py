@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from edge_llm_ros.tools.bench_harness import progress_bar
-from edge_llm_ros.tools.deployment import Deployment, EventLog, local_router, node_backend
+from edge_llm_ros.tools.deployment import Deployment, EventLog, end_process, local_router, node_backend
 from edge_llm_ros.tools.generate import one_line
 from edge_llm_ros.tools.loading import ToolError
 from edge_llm_ros.tools.prompts import BenchPrompt
@@ -220,8 +220,4 @@ def bridged_pass(endpoint: str, clients: Clients, n: int, per_client: int, promp
             return {"requests": requests, "channels": len(watcher.channels), "messages": watcher.messages,
                     "bytes": watcher.bytes, "bridge_cpu_s": cpu, "wall_s": wall}
     finally:
-        bridge.terminate()
-        try:
-            bridge.wait(10)
-        except subprocess.TimeoutExpired:
-            bridge.kill()
+        end_process(bridge)

@@ -73,6 +73,7 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
     from edge_llm_ros.core.pipeline.stages import Rows
     from edge_llm_ros.nodes.wire import StageMessage
     from edge_llm_ros.runtime import embedded
+    from edge_llm_ros.tools.deployment import end_process
 
     peer = subprocess.Popen([sys.executable, "-m", "edge_llm_ros.tools.stage_hop", "--peer"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -128,11 +129,7 @@ def measure(rows: tuple[int, ...] = ROWS, count: int = 200, width: int = WIDTH, 
                                     hops[int(0.9 * (count - 1))] * 1e3, statistics.fmean(hops) * 1e3))
         return results
     finally:
-        peer.terminate()
-        try:
-            peer.wait(10)
-        except subprocess.TimeoutExpired:
-            peer.kill()
+        end_process(peer)
         node.destroy_node()
         context.close()
 
