@@ -115,13 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     try:
         session.node.create_subscription("diagnostic_msgs/msg/DiagnosticArray", "/diagnostics", table.on_array, 100)
+        graph = Graph(session, stop, args.interval)  # on a thread: the first look at the graph takes a while
         if args.once:
             wait_forever_or(stop, args.wait)
             rows = table.snapshot()
-            print(render(rows, _silent(session, rows), time.monotonic(), 1000))
+            print(render(rows, graph.silent(rows), time.monotonic(), 1000))
             return 0 if rows else 1
         tty = sys.stdout.isatty()
-        timer = threading.Thread(target=_refresh, args=(session, table, stop, args.interval, tty), daemon=True)
+        timer = threading.Thread(target=_refresh, args=(table, graph, stop, args.interval, tty), daemon=True)
         timer.start()
         wait_forever_or(stop, None)
         return 0
@@ -130,22 +131,35 @@ def main(argv: list[str] | None = None) -> int:
         session.close()
 
 
-def _silent(session, rows: list[Row]) -> list[str]:
-    """The graph's nodes that published no status (this CLI's own node left out)."""
-    reporting = {r.hardware_id.split(" ")[0] for r in rows} | {r.name.split(":")[0] for r in rows}
-    names = []
-    for name, namespace in session.node.get_node_names_and_namespaces():
-        fqn = f"{namespace.rstrip('/')}/{name}"
-        if name.startswith("_edge_llm_ros_cli_") or fqn in reporting or name in reporting:
-            continue
-        names.append(fqn)
-    return sorted(set(names))
+class Graph:
+    """The graph's node names, looked up on a thread every ``interval`` (the embedded backend's first
+    answer waits for discovery, about 2 s: the table does not wait for it)."""
+
+    def __init__(self, session, stop: threading.Event, interval: float) -> None:
+        self.session, self.stop, self.interval = session, stop, interval
+        self.names: list[str] = []
+        threading.Thread(target=self._look, daemon=True, name="top-graph").start()
+
+    def _look(self) -> None:
+        while not self.stop.is_set():
+            try:
+                found = self.session.node.get_node_names_and_namespaces()
+            except Exception:  # noqa: BLE001 - the session is closing
+                return
+            self.names = sorted({f"{ns.rstrip('/')}/{name}" for name, ns in found
+                                 if not name.startswith("_edge_llm_ros_cli_")})
+            self.stop.wait(self.interval)
+
+    def silent(self, rows: list[Row]) -> list[str]:
+        """The graph's nodes that published no status."""
+        reporting = {r.hardware_id.split(" ")[0] for r in rows} | {r.name.split(":")[0] for r in rows}
+        return [fqn for fqn in self.names if fqn not in reporting and fqn.rsplit("/", 1)[-1] not in reporting]
 
 
-def _refresh(session, table: Table, stop: threading.Event, interval: float, tty: bool) -> None:
+def _refresh(table: Table, graph: Graph, stop: threading.Event, interval: float, tty: bool) -> None:
     while not stop.is_set():
         rows = table.snapshot()
-        text = render(rows, _silent(session, rows), time.monotonic(), shutil.get_terminal_size().columns)
+        text = render(rows, graph.silent(rows), time.monotonic(), shutil.get_terminal_size().columns)
         stamp = time.strftime("%H:%M:%S")
         out = f"edge-llm-ros top  {stamp}  {len(rows)} statuses  (Ctrl-C quits)\n{text}\n"
         sys.stdout.write(("\x1b[H\x1b[2J" if tty else "\n") + out)
