@@ -227,11 +227,12 @@ def test_the_status_says_the_plan_in_force_and_is_an_error_without_one(planner, 
     fast = {"diagnostic_updater.period": 0.2}
     missing = planner(plan_file=str(tmp_path / "absent.json"), calibrate="never", **fast)
     mine = lambda node: lambda s: s.hardware_id.startswith(node.get_fully_qualified_name() + " ")  # noqa: E731
-    status = heard.status("planner_node: plan", mine(missing))
+    # settled: a status taken during the failing configure says "configuring" (CI, 2026-11-29)
+    status = heard.status("planner_node: plan",
+                          lambda s: mine(missing)(s) and key_values(s)["lifecycle state"] == "unconfigured")
     assert level_of(status) == 2 and status.message.startswith("configure failed: no device plan"), status.message
-    assert key_values(status)["lifecycle state"] == "unconfigured"
     saved = planner(plan_file=str(write_plan(tmp_path / "plan.json")), calibrate="never", **fast)
-    status = heard.status("planner_node: plan", mine(saved))
+    status = heard.status("planner_node: plan", lambda s: mine(saved)(s) and key_values(s)["lifecycle state"] == "active")
     values = key_values(status)
     assert level_of(status) == 0 and status.message.startswith("ar on llama.cpp, ")
     assert (values["mode"], values["backend"], values["lifecycle state"]) == ("ar", "llama.cpp", "active")
