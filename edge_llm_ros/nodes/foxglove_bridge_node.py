@@ -124,12 +124,23 @@ class FoxgloveBridgeNode(rt.Node):
 
     def on_client_advertise(self, client, channel) -> None:
         allowed = self.params.publishable
-        if channel.topic not in allowed or channel.encoding != "cdr":
-            why = (f"publishing on {channel.topic} is not allowed (client_topics: {', '.join(sorted(allowed)) or 'none'})"
-                   if channel.topic not in allowed else f"encoding {channel.encoding!r} is not supported (cdr only)")
-            self.refuse(client, why)
-            return
-        self.changes.put(("advertise", client.id, channel.id, channel.topic, channel.schema_name))
+        with self.lock:
+            known = self.types.get(channel.topic)  # the type the graph has on that topic, if any
+        if channel.topic not in allowed:
+            why = f"publishing on {channel.topic} is not allowed (client_topics: {', '.join(sorted(allowed)) or 'none'})"
+        elif channel.encoding != "cdr":
+            why = f"encoding {channel.encoding!r} is not supported (cdr only)"
+        elif known is not None and channel.schema_name != known:
+            why = f"{channel.topic} carries {known}, not {channel.schema_name or 'an unnamed type'}"
+        else:
+            try:
+                rt.message(channel.schema_name)  # a type this process can publish
+            except (rt.InterfaceError, ValueError) as exc:
+                why = f"unknown type {channel.schema_name!r} for {channel.topic}: {exc}"
+            else:
+                self.changes.put(("advertise", client.id, channel.id, channel.topic, channel.schema_name))
+                return
+        self.refuse(client, why)
 
     def on_client_unadvertise(self, client, client_channel_id: int) -> None:
         self.changes.put(("unadvertise", client.id, client_channel_id))
