@@ -20,8 +20,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from edge_llm_ros.nodes.diagnostics import LEVEL_NAMES, level_of
+
 STALE_S = 3.0  # a status older than this shows as STALE (3 periods of diagnostic_updater's default 1 s)
-LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
 COLUMNS = (("NODE", 28), ("LEVEL", 5), ("STATE", 12), ("TOK/S", 7), ("RUN", 4), ("WAIT", 4), ("TAU", 5),
            ("RTT ms", 7), ("AGE s", 5), ("LAST ERROR", 0))
 
@@ -49,7 +50,7 @@ class Table:
         now = time.monotonic()
         with self.lock:
             for status in array.status:
-                level = status.level[0] if isinstance(status.level, (bytes, bytearray)) else int(status.level)
+                level = level_of(status)
                 key = (status.name, status.hardware_id)
                 old = self.rows.get(key)
                 row = Row(status.name, status.hardware_id, level, status.message,
@@ -79,7 +80,7 @@ def render(rows: list[Row], others: list[str], now: float, width: int) -> str:
     lines = ["  ".join(f"{title:<{w}}" if w else title for title, w in COLUMNS)]
     for row in rows:
         age = now - row.heard_at
-        level = "STALE" if age > STALE_S else LEVELS.get(row.level, str(row.level))
+        level = "STALE" if age > STALE_S else LEVEL_NAMES.get(row.level, str(row.level))
         error = ""
         if row.last_error:
             error = f"{row.last_error} ({now - row.last_error_at:.0f} s ago)"
