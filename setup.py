@@ -28,6 +28,7 @@ setup(
         "mcap>=1.6",
         "tqdm>=4.60",
         "opencv-python-headless>=4.8",  # the simulator's camera, the navigator's frames
+        "cryptography>=42",  # keystores: the CA and each enclave's certificate (runtime/security.py)
     ],
     extras_require={
         "engine": ["torch>=2.4", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"],
@@ -57,6 +58,7 @@ setup(
         share("config", "*.perspective"),  # rqt --perspective-file
         share("config/worlds", "*.yaml"),
         share("config/foxglove", "*.json"),  # the Foxglove app's layout (Import layout)
+        share("config/security", "*.xml"),  # the shipped SROS2 policies (edge-llm-ros security create)
         # vendored interface packages (runtime/interfaces.py VENDORED): their msg/ for the embedded backend
         ("share/unitree_api/msg", [str(p) for p in sorted((here / "interfaces/unitree_api/msg").glob("*.msg"))]),
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),

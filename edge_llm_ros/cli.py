@@ -2,6 +2,7 @@
 
     edge-llm-ros generate|bench|train|plan|export ...   the engine (edge_llm_ros.tools; see --help of each)
     edge-llm-ros top|plot ...                           watch the nodes live; plot a recorded bag's stats
+    edge-llm-ros security create|check|list|policy ...  keystores from SROS2 policies (secured links)
     edge-llm-ros demo                                   the pipeline, from one instruction (edge_llm_ros.demo)
     edge-llm-ros launch|topic|node|service|lifecycle|action|interface|bag ...
                                                         shaped like `ros2` (edge_llm_ros.runtime.cli)
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-TOOL_VERBS = ("generate", "bench", "train", "plan", "export", "top", "plot")
+TOOL_VERBS = ("generate", "bench", "train", "plan", "export", "top", "plot", "security")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -557,7 +557,9 @@ def unsigned_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge-llm-ros", description="ros2-style tools for edge_llm_ros (embedded Zenoh backend)",
-        epilog="more verbs: demo, generate, bench, train, plan, export (each has --help)")
+        epilog="more verbs: demo, generate, bench, train, plan, export, top, plot, security (each has --help). "
+               "Every graph verb takes --keystore DIR --enclave NAME: its session then joins a secured "
+               "deployment as that enclave (or set ZENOH_SESSION_CONFIG_URI to the enclave's config)")
     verbs = p.add_subparsers(dest="verb", required=True)
 
     launch = verbs.add_parser("launch", help="run a deployment: launch file name or params YAML", add_help=False)
@@ -683,12 +685,36 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     return code
 
 
+def take_enclave_options(argv: list[str]) -> tuple[list[str], str | None, str | None]:
+    """`--keystore DIR` and `--enclave NAME`, wherever they stand among a verb's arguments."""
+    rest, found = [], {"--keystore": None, "--enclave": None}
+    items = iter(argv)
+    for item in items:
+        flag, eq, value = item.partition("=")
+        if flag in found:
+            found[flag] = value if eq else next(items, "")
+        else:
+            rest.append(item)
+    return rest, found["--keystore"], found["--enclave"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
         from edge_llm_ros.runtime.launcher import main as launch_main
 
         return launch_main(argv[1:])
+    argv, keystore, enclave = take_enclave_options(argv)
+    if keystore is not None or enclave is not None:  # this command's session as that enclave (mTLS, its rules)
+        from edge_llm_ros.runtime.security import SecurityError, use_enclave
+
+        try:
+            if not keystore or not enclave:
+                raise SecurityError("--keystore DIR and --enclave NAME go together")
+            use_enclave(keystore, enclave)
+        except SecurityError as exc:
+            print(f"edge-llm-ros: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     args = build_parser().parse_args(argv)
     from edge_llm_ros.runtime.bag import BagError
     from edge_llm_ros.runtime.params import ParamsError

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import zenoh
 import zenoh.ext
 
-from edge_llm_ros.runtime import graph, stopping
+from edge_llm_ros.runtime import graph, security, stopping
 from edge_llm_ros.runtime.interfaces import InterfaceError, registry
 from edge_llm_ros.runtime.link import Link, NodeLinks, parse_link_params
 from edge_llm_ros.runtime.params import ParamsError, RosArgs, parse_ros_args, resolve_name
@@ -195,11 +195,15 @@ class Context:
         self.argv = list(sys.argv if args is None else args)
         self.ros_args: RosArgs = parse_ros_args(self.argv)
         self.domain_id = int(os.environ.get("ROS_DOMAIN_ID", "0")) if domain_id is None else domain_id
-        from edge_llm_ros.runtime.router import (
-            router_endpoint,  # late: `python -m ...router` must not import itself first
+        from edge_llm_ros.runtime.router import (  # late: `python -m ...router` must not import itself first
+            ENDPOINT_ENV,
+            router_endpoint,
         )
 
         endpoint = router_endpoint()
+        secured = security.session_config_uri()
+        if secured and ENDPOINT_ENV not in os.environ:  # the config file's router
+            endpoint = next(iter(security.config_endpoints(secured, "connect")), endpoint)
         self.session = zenoh.open(_session_config(endpoint))
         self.zid = str(self.session.info.zid())
         self._wait_for_router(endpoint, ROUTER_WAIT_S)
@@ -246,6 +250,11 @@ class Context:
 
 
 def _session_config(endpoint: str) -> zenoh.Config:
+    """Loopback peers meeting at the router; with ZENOH_SESSION_CONFIG_URI (an enclave's config from a
+    keystore, runtime/security.py) that file, its TLS files checked, connecting to `endpoint`."""
+    secured = security.session_config_uri()
+    if secured:
+        return security.load_config(secured, connect=endpoint)
     conf = zenoh.Config()
     conf.insert_json5("mode", json.dumps("peer"))
     conf.insert_json5("connect/endpoints", json.dumps([endpoint]))

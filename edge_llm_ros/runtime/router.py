@@ -6,7 +6,9 @@ router's gossip. The endpoint comes from `EDGE_LLM_ZENOH_ROUTER`
 (default tcp/127.0.0.1:7447, rmw_zenohd's default), so tests and parallel
 deployments pick their own port.
 
-Run one by hand with `python -m edge_llm_ros.runtime.router [--listen ENDPOINT]`.
+Run one by hand with `python -m edge_llm_ros.runtime.router [--listen ENDPOINT]`; with
+ZENOH_ROUTER_CONFIG_URI set (a keystore's zenoh/zenohd.json5) it is the secured router: tls/ only,
+mutual TLS, the policy's access control (runtime/security.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import socket
 import sys
 import threading
 
+from edge_llm_ros.runtime.security import ROUTER_CONFIG_ENV, SecurityError, load_config
+
 ENDPOINT_ENV = "EDGE_LLM_ZENOH_ROUTER"
 DEFAULT_ENDPOINT = "tcp/127.0.0.1:7447"
 
@@ -29,8 +33,8 @@ def router_endpoint() -> str:
 
 def _host_port(endpoint: str) -> tuple[str, int]:
     proto, _, address = endpoint.partition("/")
-    if proto != "tcp" or ":" not in address:
-        raise ValueError(f"router endpoint must look like tcp/HOST:PORT, got '{endpoint}'")
+    if proto not in ("tcp", "tls") or ":" not in address:
+        raise ValueError(f"router endpoint must look like tcp/HOST:PORT or tls/HOST:PORT, got '{endpoint}'")
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
@@ -53,8 +57,13 @@ def free_endpoint() -> str:
 
 
 def router_config(listen: str):
+    """Loopback, multicast scouting off; with ZENOH_ROUTER_CONFIG_URI (a keystore's zenohd.json5:
+    mTLS and the policy's access control, runtime/security.py) that file, listening on `listen`."""
     import zenoh
 
+    secured = os.environ.get(ROUTER_CONFIG_ENV)
+    if secured:
+        return load_config(secured, listen=listen)
     conf = zenoh.Config()
     conf.insert_json5("mode", json.dumps("router"))
     conf.insert_json5("listen/endpoints", json.dumps([listen]))
@@ -89,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ready_then_announce.start()
     try:
         serve(args.listen, ready, stop)
+    except SecurityError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except Exception as exc:  # zenoh.ZError: address in use, bad endpoint
         print(f"error: cannot start a zenoh router on {args.listen}: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -652,6 +652,8 @@ def test_show_args_lists_every_overridable_parameter(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         "foxglove:=false    true: a foxglove_bridge_node (Foxglove's WebSocket protocol) on foxglove_port",
         "foxglove_port:=8765",
+        "keystore:=    a keystore (edge-llm-ros security create): mutual TLS, the policy's access control, "
+        "an enclave per node",
         "behavior:=stubborn    nodes: /stubborn",
         "greeting:=hello    nodes: /fx/talker, /fx/listener, /stubborn",
         "mode:=echo    nodes: /fx/talker, /fx/listener",

@@ -20,7 +20,7 @@ from edge_llm_ros.runtime.launcher.supervisor import Launcher
 from edge_llm_ros.runtime.params import ParamsError, format_param_value
 from edge_llm_ros.runtime.router import ENDPOINT_ENV, router_endpoint
 
-_ENDPOINT = re.compile(r"tcp/(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):\d{1,5}")
+_ENDPOINT = re.compile(r"(tcp|tls)/(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):\d{1,5}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _show_args(plan: LaunchPlan) -> None:
     print("foxglove:=false    true: a foxglove_bridge_node (Foxglove's WebSocket protocol) on foxglove_port")
     print(f"foxglove_port:={FOXGLOVE_PORT}")
+    print("keystore:=    a keystore (edge-llm-ros security create): mutual TLS, the policy's access control, "
+          "an enclave per node")
     if plan.rviz:
         print(f"rviz:=false    true: rviz2 with config/{plan.rviz} (under ROS 2)")
     if plan.overlay:
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.target)
         apply_launch_args(plan, args.arguments)
         check_executables(plan)
+        if plan.keystore is not None:  # the secured router listens on tls/ only, at the same address
+            endpoint = "tls/" + endpoint.partition("/")[2]
+        elif endpoint.startswith("tls/"):
+            raise LaunchError(f"router endpoint {endpoint}: a tls/ router needs keystore:=DIR")
     except (LaunchError, ParamsError) as exc:
         print(f"edge-llm-ros launch: error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -152,6 +152,8 @@ class LaunchPlan:
     rviz: str | None = None
     rviz_asked: bool = False
     foxglove_port: int | None = None  # foxglove:=true: a foxglove_bridge_node on this port
+    keystore: Path | None = None  # keystore:=DIR: the secured router and one enclave per node (runtime/security.py)
+    enclaves: dict[str, str] = field(default_factory=dict)  # with a keystore: node fqn -> its enclave
 
     @property
     def params_files(self) -> list[Path]:
@@ -282,12 +284,14 @@ def _flag(key: str, raw: str) -> bool:
 
 
 def launcher_arguments(plan: LaunchPlan, arguments: list[str]) -> list[str]:
-    """Take the arguments every launch has (``foxglove``, ``foxglove_port``; ``rviz`` where the launch
-    file names an RVIZ config) off ``arguments``; the rest, which set parameters."""
+    """Take the arguments every launch has (``foxglove``, ``foxglove_port``, ``keystore``; ``rviz`` where
+    the launch file names an RVIZ config) off ``arguments``; the rest, which set parameters."""
     rest, foxglove, port = [], False, FOXGLOVE_PORT
     for item in arguments:
         key, _, raw = item.partition(":=")
-        if key == "rviz" and plan.rviz is not None:
+        if key == "keystore":
+            plan.keystore = Path(raw).expanduser().resolve() if raw else None
+        elif key == "rviz" and plan.rviz is not None:
             plan.rviz_asked = _flag(key, raw)
         elif key == "foxglove":
             foxglove = _flag(key, raw)
@@ -335,6 +339,26 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
         namespace = next((n.namespace for n in plan.nodes if n.namespace), "edge_llm")
         plan.nodes.append(NodeSpec("foxglove_bridge_node", "foxglove_bridge", namespace, required=False,
                                    parameters={"port": str(plan.foxglove_port)}))
+    if plan.keystore is not None:
+        check_keystore(plan)
+
+
+def check_keystore(plan: LaunchPlan) -> None:
+    """keystore:=DIR: an enclave for every node, and every certificate, key and CA good, before anything starts."""
+    from edge_llm_ros.runtime.security import Keystore, SecurityError, check_tls, read_config
+
+    store = Keystore(plan.keystore)
+    try:
+        if not plan.keystore.is_dir():
+            raise SecurityError(f"keystore {plan.keystore}: no such directory (make one: edge-llm-ros security create)")
+        plan.enclaves = {node.fqn: store.enclave_of(node.fqn) for node in plan.nodes}
+        for config in [store.router_config, *{store.session_config(e) for e in plan.enclaves.values()}]:
+            tls = read_config(config).get("transport", {}).get("link", {}).get("tls")
+            if not tls:
+                raise SecurityError(f"zenoh config {config}: no transport/link/tls section")
+            check_tls(tls)
+    except SecurityError as exc:
+        raise LaunchError(f"keystore:={plan.keystore}: {exc}") from None
 
 
 def select_nodes(plan: LaunchPlan, declared: dict[str, dict[str, Any]], arguments: list[str]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from edge_llm_ros.runtime.launcher.plan import PACKAGE, LaunchPlan, NodeSpec, search_roots
 from edge_llm_ros.runtime.router import ENDPOINT_ENV, router_endpoint, router_reachable
+from edge_llm_ros.runtime.security import ROUTER_CONFIG_ENV, SESSION_CONFIG_ENV, Keystore
 
 ROUTER_NAME = "zenoh_router"
 ROUTER_TIMEOUT_S = 10.0
@@ -294,9 +295,18 @@ class Launcher:
                 continue
 
     # ---- children
-    def _child_env(self) -> dict[str, str]:
+    def _child_env(self, node: NodeSpec | None = None) -> dict[str, str]:
+        """The launcher's environment, plus the router endpoint; with a keystore, the router's config
+        (node None) or the node's enclave's."""
         env = dict(os.environ)
         env[ENDPOINT_ENV] = self.endpoint
+        if self.plan.keystore is not None:
+            store = Keystore(self.plan.keystore)
+            env.pop(SESSION_CONFIG_ENV if node is None else ROUTER_CONFIG_ENV, None)
+            if node is None:
+                env[ROUTER_CONFIG_ENV] = str(store.router_config)
+            else:
+                env[SESSION_CONFIG_ENV] = str(store.session_config(self.plan.enclaves[node.fqn]))
         env["PYTHONUNBUFFERED"] = "1"
         env["EDGE_LLM_BACKEND"] = child_backend(env)
         root = str(search_roots()[0])
@@ -308,7 +318,7 @@ class Launcher:
         """Start a process; `replace`: the exited child it takes the place (and color) of."""
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=self._child_env(), start_new_session=True,
+                                    env=self._child_env(node), start_new_session=True,
                                     preexec_fn=_die_with_parent(os.getpid()))
         except OSError as exc:
             self._log(f"cannot start {name} ({' '.join(cmd)}): {exc.strerror or exc}", error=True)
