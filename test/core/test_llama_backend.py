@@ -164,7 +164,9 @@ def test_every_mode_on_llama_cpp_equals_llama_cpp_greedy(lm, prompts, llama_gree
     drafter = None if mode == "ar" else load_drafter(smollm2)
     for ids, expected in zip(prompts, llama_greedy):
         out = generate_all(lm, ids, preset(mode, max_new_tokens=NEW_TOKENS, eos_token_ids=()), drafter)
-        assert out.tokens == expected, (mode, PROMPTS[prompts.index(ids)])
+        # the reference stops at EOS (the AVX2 build reaches it within NEW_TOKENS on one prompt); past it
+        # this run goes on, as eos_token_ids=() asks
+        assert out.tokens[:len(expected)] == expected, (mode, PROMPTS[prompts.index(ids)])
         if mode != "ar":
             assert out.stats.tau > 1.0
 
