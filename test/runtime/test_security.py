@@ -349,3 +349,50 @@ def test_the_secured_go2_sim_reaches_the_red_chair_and_no_forbidden_twist_moves_
             launch.wait(60)
         finally:
             launch.stop()
+
+
+def result_token_ids(output: str) -> list[int]:
+    """The token ids of `action send_goal`'s printed Result."""
+    lines = output.split("Result:", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "token_ids:")
+    ids = []
+    for line in lines[start + 1:]:
+        if not line.strip().startswith("- "):
+            break
+        ids.append(int(line.strip()[2:]))
+    return ids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name, reference, extra", [("pipeline", "llama.cpp", []),
+                                                    ("edge_cloud", "torch", ["draft_backend:=torch"])])
+def test_a_secured_deployment_answers_the_operator_with_the_target_greedy_tokens(tmp_path, references, name,
+                                                                                 reference, extra):
+    """`edge-llm-ros launch NAME keystore:=K`, and a Generate goal from the operator's enclave through the
+    CLI (--keystore --enclave): the tokens of the target's greedy decoding by llama.cpp or transformers
+    themselves, computed here."""
+    from edge_llm_ros.runtime.router import free_endpoint
+
+    prompt, tokens = "Name a fruit.", 16
+    domain = int(os.environ.get("ROS_DOMAIN_ID", "0"))
+    store = security.create_keystore(tmp_path / "keystore", POLICIES / f"{name}.xml", domain_id=domain)
+    endpoint = "tls/" + free_endpoint().partition("/")[2]
+    launch = Proc(python_module("edge_llm_ros.runtime.cli", "launch", name, f"keystore:={store.root}",
+                                "--router", endpoint, *extra))
+    try:
+        expected = references.Greedy(reference).tokens(prompt, tokens)
+        launch.wait_for_line("active: ", 240)
+        sent = cli("action", "send_goal", "--keystore", str(store.root), "--enclave", "/operator", "--timeout", "240",
+                   "/edge_llm/generate", "edge_llm_ros/action/Generate",
+                   f"{{prompt: '{prompt}', max_new_tokens: {tokens}}}", env={"EDGE_LLM_ZENOH_ROUTER": endpoint},
+                   timeout=300)
+        assert sent.returncode == 0 and "SUCCEEDED" in sent.stdout, (sent.stdout[-2000:], sent.stderr[-2000:],
+                                                                     launch.output[-3000:])
+        assert result_token_ids(sent.stdout) == expected
+    finally:
+        launch.popen.send_signal(2)
+        try:
+            launch.wait(60)
+        finally:
+            launch.stop()
