@@ -72,13 +72,13 @@ def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] 
         DeclareLaunchArgument(key, default_value=next(iter(values)),
                               description=f"parameter '{key}' of every node that has it in {config}")
         for key, values in sorted(defaults.items()) if len(values) == 1
-    ]
+    ] + security()
     for spec in specs:
         if spec.cmd or spec.module:
             raise LaunchError(f"node {spec.fqn}: 'cmd' and 'module' are for the embedded launcher only")
         overrides = {key: LaunchConfiguration(key, default=format_param_value(value))
                      for key, value in node_params[spec.fqn].items()}
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"ros_arguments": ["--enclave", spec.fqn]}  # its enclave when keystore:= is given
         if spec.required and (on_exit := _shutdown_on_last_exit(spec, Shutdown)) is not None:
             extra["on_exit"] = on_exit
         if spec.prefix:
@@ -95,6 +95,25 @@ def describe(nodes: list[dict[str, Any]], config: str, overlays: Sequence[Path] 
                                 namespace=spec.namespace or None, parameters=[*files, overrides],
                                 remappings=spec.remappings, output="screen", **extra))
     return LaunchDescription(actions + foxglove(next((spec.namespace for spec in specs if spec.namespace), "edge_llm")))
+
+
+def security() -> list:
+    """`keystore:=DIR`: SROS2's environment for every node (ROS_SECURITY_ENABLE, Enforce, the keystore),
+    each node in the enclave of its fully qualified name. The rmw decides what that means: a Fast DDS
+    built without its security plugins, as ../shared/ros2's is, refuses to create the nodes ("This Fast
+    DDS version doesn't have the security libraries"), so a secured launch never runs unsecured.
+    `edge-llm-ros launch ... keystore:=DIR` is the secured deployment of this package (docs/security.md)."""
+    from launch.actions import DeclareLaunchArgument, SetEnvironmentVariable
+    from launch.conditions import IfCondition
+    from launch.substitutions import LaunchConfiguration, PythonExpression
+
+    given = IfCondition(PythonExpression(["'", LaunchConfiguration("keystore"), "' != ''"]))
+    return [DeclareLaunchArgument("keystore", default_value="",
+                                  description="a keystore (edge-llm-ros security create): SROS2 security, each "
+                                              "node in its enclave"),
+            SetEnvironmentVariable("ROS_SECURITY_KEYSTORE", LaunchConfiguration("keystore"), condition=given),
+            SetEnvironmentVariable("ROS_SECURITY_ENABLE", "true", condition=given),
+            SetEnvironmentVariable("ROS_SECURITY_STRATEGY", "Enforce", condition=given)]
 
 
 def foxglove(namespace: str) -> list:

@@ -396,3 +396,25 @@ def test_a_secured_deployment_answers_the_operator_with_the_target_greedy_tokens
             launch.wait(60)
         finally:
             launch.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_ros2_a_keystore_on_this_fast_dds_stops_the_nodes_instead_of_running_them_unsecured(request,
+                                                                                                  tmp_path):
+    """`ros2 launch edge_llm_ros edge_cloud.launch.py keystore:=K` sets SROS2's environment (Enforce) and
+    each node's enclave; ../shared/ros2's Fast DDS has no security plugins (docs/ros2.md), so rmw_fastrtps
+    refuses every node, the launch's own lifecycle manager first: `ros2 launch` ends and no node comes up
+    under rclpy without security."""
+    from hosts import host_for, start_launch, stop_launch
+
+    request.getfixturevalue("ros2_env")
+    host = host_for(request, "rclpy")
+    store = security.create_keystore(tmp_path / "keystore", POLICIES / "edge_cloud.xml")
+    launch = start_launch(host, "", "edge_cloud", f"keystore:={store.root}")
+    try:
+        launch.wait_for_line("This Fast DDS version doesn't have the security libraries", 120)
+        launch.wait(120)
+    finally:
+        stop_launch(launch)
+    assert "runtime: rclpy" not in launch.output  # no node got as far as its first log line
