@@ -39,6 +39,10 @@ class EmbeddedHost:
     def action(self, name: str) -> Any:
         return self._embedded.ActionClass(name)
 
+    def publisher_gid(self, publisher: Any) -> bytes:
+        """The gid a publisher of this host's nodes sends with its messages (runtime.publisher_gid)."""
+        return self._embedded.publisher_gid(publisher)
+
 
 # A turn of the rclpy host's executor waits at most this long for work. A destroy handed to the spin
 # thread (RclpyHost.between_turns) ends the turn with an empty task: rclpy's wake() alone only
@@ -163,6 +167,12 @@ class RclpyHost:
 
     def action(self, name: str) -> Any:
         return self._type(name, "action")
+
+    def publisher_gid(self, publisher: Any) -> bytes:
+        """The gid a publisher of this host's nodes sends with its messages (runtime.publisher_gid)."""
+        from edge_llm_ros.runtime.publisher_gids import publisher_gid
+
+        return publisher_gid(publisher)
 
     @staticmethod
     def _type(name: str, kind: str) -> Any:

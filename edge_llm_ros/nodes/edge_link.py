@@ -3,7 +3,9 @@
 :class:`VerifierLink` publishes DraftTrees on `draft` (shaped: links are emulated in the runtime),
 takes VerifyResults from `verify` (early ones to the robot's EarlyExitDrafter, which pre-drafts
 from them; finals to their request's inbox) and releases a finished request's cache on the
-verifier with a PruneInfo on `prune`. :meth:`VerifierLink.rounds` runs one request's rounds
+verifier with a PruneInfo on `prune`. Every DraftTree names that prune publisher (`prune_gid`): the
+verifier binds a request to it and to the draft publisher at round 0 and takes the request's
+PruneInfos from nobody else (nodes/ownership.py). :meth:`VerifierLink.rounds` runs one request's rounds
 (core's robot_rounds) over it. A request never hangs: without a final outcome for `timeout_s`, or
 once no verifier subscribes to `draft` any more, it ends with :class:`VerifierTimeout`.
 
@@ -24,6 +26,7 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.errors import PeerGone, PeerTimeout
 from edge_llm_ros.nodes.common import MatchGate, stamp
 from edge_llm_ros.nodes.diagnostics import Window
+from edge_llm_ros.nodes.ownership import gid_field
 from edge_llm_ros.nodes.wire import from_message, to_message
 
 PEER_CHECK_S = 1.0  # while waiting for a final outcome, check this often that a verifier is still there
@@ -76,13 +79,16 @@ class VerifierLink:
         self.draft_pub = rt.shaped(node, node.create_publisher(self.DraftTree, "draft", 100))
         self.draft_gate = MatchGate(node, self.draft_pub)  # a verifier that just (re)started gets the draft
         self.prune_pub = rt.shaped(node, node.create_publisher(self.PruneInfo, "prune", 100))
+        self.prune_gid = gid_field(rt.publisher_gid(self.prune_pub))  # what every draft names as its pruner
         node.create_subscription(rt.message("edge_llm_ros/msg/VerifyResult"), "verify", self.on_verify, 100)
 
     def send(self, draft) -> None:
         """Publish a DraftRequest on `draft` (also the drafter's sender, for drafts sent ahead)."""
         self.draft_gate.wait()
         self.sent_at.setdefault((draft.request_id, draft.round), time.monotonic())  # a resend keeps the first
-        self.draft_pub.publish(stamp(self.node, to_message(self.DraftTree, draft)))
+        msg = to_message(self.DraftTree, draft)
+        msg.prune_gid = self.prune_gid
+        self.draft_pub.publish(stamp(self.node, msg))
 
     def on_verify(self, msg) -> None:
         """Early outcomes go to the drafter (pre-drafting), finals (and stages' refusals) to their

@@ -6,7 +6,9 @@ driven at once by :meth:`StageClient.run_many`). Its rows go to the first stage
 on `stage_0/in` (HiddenStates, token ids), its prunes and, at the end, a release to every stage on
 `prune`; the last stage's answers come back on `stage_<count>/in` (the target's greedy token per
 row) and the stages' refusals on `verify` (a final VerifyResult with `error`, routed here by the
-node). :meth:`StageClient.run` yields the tokens each answer commits.
+node). :meth:`StageClient.run` yields the tokens each answer commits. Every HiddenStates names the
+prune publisher (`prune_gid`): the stages bind a request to it and to the rows' publisher with its
+first rows and take its PruneInfos from nobody else (nodes/ownership.py).
 
 A request never hangs: with no answer for `timeout_s` it ends with an error naming the stages that
 nothing serves any more (no subscriber on their topic), checked every second as well, so a
@@ -24,6 +26,7 @@ from edge_llm_ros import runtime as rt
 from edge_llm_ros.errors import PeerGone, PeerTimeout
 from edge_llm_ros.nodes.common import MatchGate, stamp
 from edge_llm_ros.nodes.edge_link import await_answer
+from edge_llm_ros.nodes.ownership import gid_field
 
 
 class StageFailed(PeerGone):
@@ -38,6 +41,7 @@ class StageClient:
     def __init__(self, node, count: int, timeout_s: float, inboxes: dict, prune_pub) -> None:
         self.node, self.count, self.timeout_s = node, count, timeout_s
         self.inboxes, self.prune_pub = inboxes, prune_pub  # shared with the node: `verify` errors land there
+        self.prune_gid = gid_field(rt.publisher_gid(prune_pub))  # what every message names as its pruner
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
         self.PruneInfo = rt.message("edge_llm_ros/msg/PruneInfo")
         self.rows_pub = rt.shaped(node, node.create_publisher(self.HiddenStates, "stage_0/in", 100))
@@ -113,7 +117,8 @@ class StageClient:
                 committed=prune.committed, fork_from=prune.fork_from)))
         for rows in actions.inject:
             self.rows_gate.wait()
-            self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields())))
+            self.rows_pub.publish(stamp(self.node, self.HiddenStates(**StageMessage.from_rows(rows, 0).fields(),
+                                                                     prune_gid=self.prune_gid)))
 
     def wait(self, inbox: queue.Queue, tokens: int, absent: set[int]):
         """The request's next answer or refusal (nodes/edge_link.await_answer): StageTimeout after

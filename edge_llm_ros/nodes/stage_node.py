@@ -14,6 +14,13 @@ between two runs, to the request's cache; rows still waiting are pruned as they 
 (Stage.arrive), and rows pruned away entirely are dropped. A PruneInfo with `release` frees the
 request's cache.
 
+Requests belong to their sender (nodes/ownership.py): the first rows that make a request's cache
+here bind it to their publisher (the client at stage 0, the previous stage after it) and to the
+prune publisher they name (`prune_gid`, which this stage forwards with the request's output); a
+fork takes its source's owner. Rows and PruneInfos for it from any other publisher are dropped
+unanswered (an answer would end the owner's request), counted ("foreign messages refused" in the
+status) and logged, throttled. A release ends the ownership with the cache.
+
 Every message that cannot be served is answered on `verify` by a final VerifyResult whose `error`
 names this stage and why, e.g. "stage 1 (/edge_llm/stage_1): shape: expected [3, 576] (rows,
 width 576), got [3, 16]": a malformed message (the field at fault), rows that do not fit the
@@ -46,6 +53,7 @@ from edge_llm_ros.nodes.common import MatchGate, cpu_set, nav_adapter_param, pin
 from edge_llm_ros.nodes.diagnostics import OK, WARN, Increase, Updater, Window, percentile
 from edge_llm_ros.nodes.diagnostics import Status as Diagnostic
 from edge_llm_ros.nodes.managed import ManagedNode, rss_mb
+from edge_llm_ros.nodes.ownership import Owner, Owners, gid_field
 from edge_llm_ros.nodes.stage_params import StageParams
 from edge_llm_ros.runtime.throttle import flood_note
 
@@ -61,7 +69,8 @@ class StageNode(ManagedNode):
         self.lock = threading.Lock()  # the stage's caches: one run or one prune at a time
         self.stopping = threading.Event()
         self.refused = 0
-        self.refusals = Increase()  # refusals since the last status
+        self.owners = Owners(self.get_logger())  # request id -> the publishers that opened it here
+        self.refusals, self.foreign = Increase(), Increase()  # refusals since the last status
         self.hops, self.runs = Window(), Window()  # seconds: stamp -> arrival here; one message's run
         self.who = f"stage {p.index} ({self.get_fully_qualified_name()})"
         self.HiddenStates = rt.message("edge_llm_ros/msg/HiddenStates")
@@ -113,23 +122,27 @@ class StageNode(ManagedNode):
                 + (f"; tasks: {', '.join(self.stage.tasks)}" if self.stage.tasks else ""))
 
     def diagnose(self, status: Diagnostic) -> None:
-        """ERROR when configure failed; WARN while not active or after refusals in the last period;
-        the layer range, resident memory, caches held, and the last minute's hop latency (a
-        message's stamp to its arrival here) and run time."""
+        """ERROR when configure failed; WARN while not active or after refusals (answered, or of
+        foreign messages) in the last period; the layer range, resident memory, caches held, and the
+        last minute's hop latency (a message's stamp to its arrival here) and run time."""
         p, stage = self.params, self.stage
         refused = self.refusals.since_last(self.refused)
+        foreign = self.foreign.since_last(self.owners.refused)
         status.summary(OK, f"stage {p.index} of {p.stages()}" + (f": layers {range_text(stage.layers)}"
                                                                  if stage is not None else ""))
         self.lifecycle_status(status, "rows are refused")
         if refused:
             status.merge(WARN, f"{refused} message(s) refused in the last {self.diagnostics.period:g} s")
+        if foreign:
+            status.merge(WARN, f"{foreign} message(s) from publishers that do not own their request refused in "
+                               f"the last {self.diagnostics.period:g} s")
         hops, runs = self.hops.recent(), self.runs.recent()
         for key, value in (("lifecycle state", self.lifecycle_state.label), ("stage", f"{p.index} of {p.stages()}"),
                            ("layers", range_text(stage.layers) if stage is not None else p.layers),
                            ("resident MB", rss_mb()),
                            ("requests holding a cache", len(stage.caches) if stage is not None else 0),
                            ("waiting messages", self.inbox.qsize() if self.inbox is not None else 0),
-                           ("refused in all", self.refused),
+                           ("refused in all", self.refused), ("foreign messages refused", self.owners.refused),
                            ("hop latency p50 s (last 60 s)", percentile(hops, 0.5)),
                            ("run time p50 s (last 60 s)", percentile(runs, 0.5))):
             status.add(key, value)
@@ -152,12 +165,16 @@ class StageNode(ManagedNode):
         if self.worker is not None:
             self.worker.join(timeout=10)
         self.stage = self.inbox = self.worker = None
+        self.owners.clear()
 
     # -- callbacks: hand over, nothing else ------------------------------------------------------
 
-    def on_rows(self, msg) -> None:
-        """Queue the rows for the worker; answer at once if the node is not active or the queue is full."""
-        inbox = self.inbox
+    def on_rows(self, msg, info: dict) -> None:
+        """Queue the rows for the worker with their publisher's gid; drop them if their request belongs
+        to another publisher; answer at once if the node is not active or the queue is full."""
+        inbox, sender = self.inbox, info["publisher_gid"]
+        if not self.owners.sends(msg.request_id, sender, "rows"):
+            return
         sent = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         if sent:
             self.hops.add((self.get_clock().now().nanoseconds - sent) / 1e9)
@@ -165,17 +182,23 @@ class StageNode(ManagedNode):
             self.answer(msg.request_id, msg.round, refusal, Status.INACTIVE)
             return
         try:
-            inbox.put_nowait(msg)
+            inbox.put_nowait((msg, sender))
         except queue.Full:
             self.answer(msg.request_id, msg.round, f"busy: {MAX_WAITING} messages wait for this stage; retry later",
                         Status.BUSY)
 
-    def on_prune(self, msg) -> None:
-        """Apply a prune or a release now, between two runs (rows still queued are pruned as they
-        are dequeued). In every configured state: it only frees cache."""
+    def on_prune(self, msg, info: dict) -> None:
+        """Apply a prune or a release from the publisher its request named now, between two runs
+        (rows still queued are pruned as they are dequeued); a fork only from the one its source
+        named. In every configured state: it only frees cache."""
         from edge_llm_ros.core.pipeline.stages import Prune, StageError
 
-        stage = self.stage
+        stage, sender = self.stage, info["publisher_gid"]
+        what = "release" if msg.release else "fork" if msg.fork_from else "prune"
+        if not self.owners.prunes(msg.request_id, sender, what):
+            return
+        if what == "fork" and not self.owners.prunes(str(msg.fork_from), sender, what):
+            return
         if stage is None:
             return  # nothing is cached
         keep = tuple(int(k) for k in msg.keep)
@@ -188,9 +211,13 @@ class StageNode(ManagedNode):
                 if msg.release:
                     stage.release(msg.request_id)
                     self.held.pop(msg.request_id, None)
+                    self.owners.end(msg.request_id)
                 else:
                     stage.prune(Prune(msg.request_id, int(msg.round), int(msg.prefix_len), keep, int(msg.committed),
                                       str(msg.fork_from)))
+                    source = self.owners.of(str(msg.fork_from)) if msg.fork_from else None
+                    if source is not None:  # the fork is the source's robot's request too
+                        self.owners.bind(msg.request_id, source)
             except StageError as exc:
                 self.answer(msg.request_id, msg.round, f"prune: {exc}")
             if msg.request_id in self.held:  # rows that waited for this prune may run now
@@ -224,12 +251,13 @@ class StageNode(ManagedNode):
     # -- the worker thread -----------------------------------------------------------------------
 
     def work(self, inbox) -> None:
-        """Rows in arrival order; rows that overtook their prune (they travel apart) wait for it, and
-        so do the request's later rows. A request id in the inbox: a prune for it came."""
+        """Rows (with their publisher's gid) in arrival order; rows that overtook their prune (they
+        travel apart) wait for it, and so do the request's later rows. A request id in the inbox: a
+        prune for it came."""
         while (item := inbox.get()) is not None:
             if self.stopping.is_set():
                 continue
-            rid = item if isinstance(item, str) else item.request_id
+            rid = item if isinstance(item, str) else item[0].request_id
             with self.lock:
                 held = self.held.get(rid)
                 if held is None and isinstance(item, str):
@@ -243,11 +271,16 @@ class StageNode(ManagedNode):
                 if not held:
                     self.held.pop(rid, None)
 
-    def serve(self, msg) -> bool:
-        """Run one HiddenStates message's rows and publish what comes out, or answer why not (under the
-        lock). False: the prune sent before them is not here yet; they wait."""
+    def serve(self, item: tuple) -> bool:
+        """Run one HiddenStates message's rows (``item``: it and its publisher's gid) and publish what
+        comes out, or answer why not (under the lock); rows that made the request's cache bind it to
+        their publisher, and rows queued before that from another publisher are dropped. False: the
+        prune sent before them is not here yet; they wait."""
         from edge_llm_ros.core.pipeline.stages import StageError
 
+        msg, sender = item
+        if not self.owners.sends(msg.request_id, sender, "rows"):
+            return True
         try:
             rows = self.rows_of(msg)
             if not self.stage.ready(rows):
@@ -263,16 +296,18 @@ class StageNode(ManagedNode):
             started = time.monotonic()
             out = self.stage.run(rows)
             self.runs.add(time.monotonic() - started)
+            self.owners.bind(msg.request_id, Owner(sender, bytes(msg.prune_gid)))  # kept if bound already
         except StageError as exc:  # a WireError's message starts with the field at fault
             self.answer(msg.request_id, msg.round, str(exc))
             return True
         except Exception as exc:  # the request's cache may be half-written: free it, serve the others
             if not self.stopping.is_set():
                 self.stage.release(msg.request_id)
+                self.owners.end(msg.request_id)
                 self.answer(msg.request_id, msg.round, f"stage failed: {exc!r}; the request's cache is freed",
                         Status.FAILED)
             return True
-        self.publish(rows, out)
+        self.publish(rows, out, self.owners.of(msg.request_id).pruner)
         return True
 
     def rows_of(self, msg):
@@ -292,8 +327,9 @@ class StageNode(ManagedNode):
         return (f"busy: {len(held)} requests hold a cache here (max_requests {self.params.max_requests}); "
                 "release one or retry later")
 
-    def publish(self, rows, out) -> None:
-        """The rows' output on the next stage's topic: hidden states, or the last stage's argmax/logits."""
+    def publish(self, rows, out, pruner: bytes) -> None:
+        """The rows' output on the next stage's topic: hidden states, or the last stage's argmax/logits,
+        with the request's prune publisher (``pruner``) for the next stage to bind it to."""
         import torch
 
         from edge_llm_ros.core.pipeline.schedulers import greedy_choices
@@ -307,7 +343,7 @@ class StageNode(ManagedNode):
         dtype = p.wire_dtype if not self.stage.last else "float32"
         message = StageMessage.from_rows(dataclasses.replace(rows, data=out, image=None), p.index + 1, dtype, probs)
         self.out_gate.wait()
-        self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields())))
+        self.out_pub.publish(stamp(self, self.HiddenStates(**message.fields(), prune_gid=gid_field(pruner))))
 
     def answer(self, request_id: str, round: int, reason: str, status: int = Status.INVALID) -> None:
         """Refuse a message: an error line here and a final VerifyResult naming this stage, why, and the

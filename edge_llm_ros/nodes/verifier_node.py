@@ -15,6 +15,11 @@ is refused with an error starting "busy:". A request that verified no round for 
 (its robot vanished without a release) is ended, so refused, finished and abandoned requests
 leave no state behind.
 
+Requests belong to their sender (nodes/ownership.py): round 0 binds a request to the publisher of
+its DraftTree and to the prune publisher it names (`prune_gid`). Drafts and PruneInfos for a live
+request from any other publisher are dropped unanswered (an answer would end the owner's request),
+counted ("foreign messages refused" in the status) and logged, throttled.
+
 A DraftTree may ask for final outcomes only (`early_exits` false: plain edge-cloud SD), for cloud
 autoregressive decoding (`cloud_tokens`: each generated token is one round, queued behind other
 requests' drafts so a long answer never holds them up), or be speculative (sent ahead by the
@@ -49,6 +54,7 @@ from edge_llm_ros.errors import Status
 from edge_llm_ros.nodes import diagnostics as diag
 from edge_llm_ros.nodes.common import MatchGate, nav_adapter_param, run_node, stamp
 from edge_llm_ros.nodes.managed import ManagedNode, QwenFrameParams
+from edge_llm_ros.nodes.ownership import Owner, Owners
 from edge_llm_ros.nodes.parameters import param
 from edge_llm_ros.nodes.wire import from_message, to_message
 from edge_llm_ros.runtime.throttle import flood_note
@@ -103,26 +109,32 @@ class VerifierNode(ManagedNode):
         self.create_timer(max(1.0, idle_timeout_s / 4), lambda: self.put(("expire", None), live=True))
         self.send_worker = threading.Thread(target=self.send_loop, daemon=True, name="send")
         self.send_worker.start()
-        self.busy = diag.Increase()  # busy refusals since the last status
+        self.owners = Owners(self.get_logger())  # live request id -> the publishers that opened it
+        self.busy, self.foreign = diag.Increase(), diag.Increase()  # refusals since the last status
         self.diagnostics = diag.Updater(self, hardware_id=f"{self.get_fully_qualified_name()} (verifier)")
         self.diagnostics.add("verifier", self.diagnose)
 
     def diagnose(self, status: diag.Status) -> None:
-        """ERROR when configure failed; WARN while not active or after busy refusals in the last period;
-        the robots' requests served and queued, and the robots listening."""
+        """ERROR when configure failed; WARN while not active or after busy or foreign refusals in the
+        last period; the robots' requests served and queued, and the robots listening."""
         verifier, inbox = self.verifier, self.inbox
         busy = self.busy.since_last(self.refused_busy)
+        foreign = self.foreign.since_last(self.owners.refused)
         served = verifier.served() if verifier is not None else 0
         status.summary(diag.OK, f"verifying {served} request(s)" if self.active else self.lifecycle_state.label)
         self.lifecycle_status(status, "drafts are refused")
         if busy:
             status.merge(diag.WARN, f"{busy} busy refusal(s) in the last {self.diagnostics.period:g} s")
+        if foreign:
+            status.merge(diag.WARN, f"{foreign} message(s) from publishers that do not own their request refused "
+                                    f"in the last {self.diagnostics.period:g} s")
         for key, value in (("lifecycle state", self.lifecycle_state.label), ("requests served", served),
                            ("queued", len(inbox) if inbox is not None else 0),
                            ("robots listening on verify", self.count_subscribers("verify")),
                            ("busy refusals in the last period", busy), ("busy refusals in all", self.refused_busy),
                            ("refused while not active", self.rejected),
-                           ("speculative drafts dropped", self.dropped_speculative)):
+                           ("speculative drafts dropped", self.dropped_speculative),
+                           ("foreign messages refused", self.owners.refused)):
             status.add(key, value)
 
     def load(self) -> str:
@@ -176,6 +188,7 @@ class VerifierNode(ManagedNode):
         if self.verify_worker is not None:
             self.verify_worker.join(timeout=10)
         self.verifier = self.inbox = self.verify_worker = None
+        self.owners.clear()
 
     def put(self, work, live: bool) -> bool:
         """Queue work for the verify thread; False if its lane is full (or nothing is loaded)."""
@@ -188,21 +201,28 @@ class VerifierNode(ManagedNode):
 
     # -- callbacks: hand over, nothing else ------------------------------------------------------
 
-    def on_draft(self, msg) -> None:
-        """Queue a message (checked by the worker); refuse it at once if the node is not active, or
-        as busy if its lane is full."""
+    def on_draft(self, msg, info: dict) -> None:
+        """Queue a message (checked by the worker) with its publisher's gid; drop it if its request
+        belongs to another publisher; refuse it at once if the node is not active, or as busy if its
+        lane is full."""
         from edge_llm_ros.core.edge_cloud import VerifyOutcome
 
+        sender = info["publisher_gid"]
+        if not self.owners.sends(msg.request_id, sender, "draft"):
+            return
         if refusal := self.refusal():
             self.rejected += 1
             self.log_rejection(f"draft {msg.request_id[:64]!r} refused: {refusal}", self.rejected)
             self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, refusal, Status.INACTIVE))
             return
         live = self.serving(msg.request_id)
-        if not self.put(("draft", msg), live=live):
+        if not self.put(("draft", (msg, sender)), live=live):
             self.refuse_busy(msg, "new requests" if not live else "live requests")
 
-    def on_prune(self, msg) -> None:
+    def on_prune(self, msg, info: dict) -> None:
+        """A release from the publisher its request named ends it (other PruneInfos are the stages')."""
+        if not self.owners.prunes(msg.request_id, info["publisher_gid"], "release" if msg.release else "prune"):
+            return
         if msg.release and self.serving(msg.request_id):
             self.put(("release", msg.request_id), live=True)
 
@@ -256,8 +276,9 @@ class VerifierNode(ManagedNode):
                     self.get_logger().warning(f"request {request_id!r} idle for over {self.params.idle_timeout_s:g} s "
                                               "(its robot sent no release): ended")
                     self.outbox.forget(request_id)
+                    self.owners.end(request_id)
             else:
-                self.verify(item)
+                self.verify(*item)
 
     def log_rejection(self, line: str, count: int) -> None:
         """Log the ``count``-th refusal of a kind as runtime.throttle says: a flood of bad drafts
@@ -275,8 +296,11 @@ class VerifierNode(ManagedNode):
         self.outbox.put(VerifyOutcome.rejection(msg.request_id, msg.round, f"busy: the verifier's queue of {lane} "
                                                 "is full; retry later", Status.BUSY))
 
-    def verify(self, msg) -> None:
-        """One DraftTree message, or a DraftRequest the verifier made itself (cloud decoding)."""
+    def verify(self, msg, sender: bytes | None) -> None:
+        """One DraftTree message from publisher ``sender``, or a DraftRequest the verifier made itself
+        (cloud decoding; no sender). Round 0 binds the request to its sender (before any outcome
+        leaves, so nobody else can know the id yet); a draft queued before that, from another
+        publisher, is dropped here."""
         from edge_llm_ros.core.edge_cloud import (
             DraftError,
             DraftRequest,
@@ -287,13 +311,19 @@ class VerifierNode(ManagedNode):
 
         if isinstance(msg, DraftRequest) and not self.verifier.active(msg.request_id):
             return  # a cloud request released (or expired) meanwhile
+        if sender is not None and not self.owners.sends(msg.request_id, sender, "draft"):
+            return
         try:
             draft = msg if isinstance(msg, DraftRequest) else from_message(DraftRequest, msg)  # DraftError if bad
-            for outcome in self.verifier.verify(draft):
+            opening = not self.verifier.active(draft.request_id)
+            outcomes = self.verifier.verify(draft)  # round 0 starts the request here, before any outcome
+            if opening and sender is not None and self.verifier.active(draft.request_id):
+                self.owners.bind(draft.request_id, Owner(sender, bytes(msg.prune_gid)))
+            for outcome in outcomes:
                 self.outbox.put(outcome)
             follow = self.verifier.follow_up(draft.request_id)
             if follow is not None:
-                self.put(("draft", follow), live=True)  # behind the drafts already waiting
+                self.put(("draft", (follow, None)), live=True)  # behind the drafts already waiting
         except SpeculationMissed as exc:
             self.dropped_speculative += 1
             self.get_logger().debug(f"dropped a speculative draft: {exc}")
@@ -325,6 +355,7 @@ class VerifierNode(ManagedNode):
     def end(self, request_id: str) -> None:
         self.verifier.end(request_id)
         self.outbox.forget(request_id)
+        self.owners.end(request_id)
 
     def send_loop(self) -> None:
         while True:

@@ -22,6 +22,12 @@ backend does.
 calibrating) at once with `Stopped`, a KeyboardInterrupt (stopping.py); elsewhere a signal only
 shuts the context down and spin returns.
 
+Who sent a message: a subscription callback that takes two parameters gets (message, info), as
+under rclpy; `info` is rclpy's message-info dict plus `publisher_gid`, the 16-byte gid of the
+publisher that sent it (rmw's: the attachment's on Zenoh, the writer's GUID on Fast DDS), which
+rclpy Jazzy itself leaves out (publisher_gids.py takes it through rcl). `publisher_gid(publisher)`
+is a publisher's own, the one its messages carry.
+
 `shaped(node, publisher)` puts a publisher on the emulated link its node's
 `link_emulation` parameters give its topic (link.py); the embedded backend
 does that for every publisher by itself, so the call matters under rclpy.
@@ -62,6 +68,7 @@ if BACKEND == "rclpy":  # pragma: no cover - exercised only where ROS 2 is insta
     from rclpy.task import Future
 
     from edge_llm_ros.runtime.link import rclpy_shaped as shaped
+    from edge_llm_ros.runtime.publisher_gids import publisher_gid
     from edge_llm_ros.runtime.ros import (
         ActionClient,
         ActionServer,
@@ -110,6 +117,7 @@ else:
         ServiceTimeoutError,
         init,
         ok,
+        publisher_gid,
         shaped,
         shutdown,
         spin,
@@ -133,6 +141,7 @@ else:
 __all__ = [
     "BACKEND", "WHY", "ActionClient", "ActionServer", "CancelResponse", "Future", "GoalResponse", "InterfaceError", "LifecycleNode",
     "LifecycleState", "Node", "TransitionCallbackReturn",
-    "ParameterError", "QoSProfile", "ServiceTimeoutError", "Stopped", "action", "init", "message", "ok", "service", "shaped",
+    "ParameterError", "QoSProfile", "ServiceTimeoutError", "Stopped", "action", "init", "message", "ok", "publisher_gid",
+    "service", "shaped",
     "shutdown", "spin", "spin_once", "spin_until_future_complete", "stoppable",
 ]

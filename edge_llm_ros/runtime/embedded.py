@@ -28,6 +28,7 @@ nodes depend on them:
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -586,12 +587,42 @@ class Publisher(_Endpoint):
         super().destroy()
 
 
+def takes_message_info(callback: Callable) -> bool:
+    """rclpy's rule: a subscription callback that takes two parameters, and not one, gets (message,
+    message info)."""
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # nothing to read (a builtin): the message alone
+        return False
+    for params, answer in (((object(),), False), ((object(), object()), True)):
+        try:
+            signature.bind(*params)
+            return answer
+        except TypeError:
+            pass
+    return False
+
+
+def message_info(attachment: zenoh.ZBytes | None, received_ns: int) -> dict:
+    """rclpy's message info (a dict) of a sample with rmw_zenoh's attachment (sequence number, source
+    timestamp, the publisher's gid), and ``publisher_gid``, which rclpy Jazzy leaves out (runtime docs);
+    a sample without one (a plain Zenoh put) has no gid (b""), source timestamp (0) or number (None)."""
+    try:
+        sent = graph.Attachment.from_bytes(attachment.to_bytes()) if attachment is not None else None
+    except ValueError:  # malformed: treated as none
+        sent = None
+    return {"source_timestamp": sent.timestamp_ns if sent else 0, "received_timestamp": received_ns,
+            "publication_sequence_number": sent.sequence_id if sent else None, "reception_sequence_number": None,
+            "publisher_gid": bytes(sent.gid) if sent else b""}
+
+
 class Subscription(_Endpoint):
     """Receives every type/hash on the topic so that mismatches are reported, not silent.
 
     With raw=True the callback gets (topic, type, CDR bytes, receive time ns)
     on Zenoh's thread (it must be thread-safe and quick); otherwise it gets
-    the message, in the executor.
+    the message, in the executor, and, if it takes two parameters (rclpy's
+    rule), the message info too (:func:`message_info`: the sender's gid).
     """
 
     def __init__(self, node: Node, ros_type: str, topic: str, callback: Callable, qos: QoSProfile, raw: bool = False) -> None:
@@ -599,6 +630,7 @@ class Subscription(_Endpoint):
         self.topic_name = topic
         self._callback = callback
         self._raw = raw
+        self._with_info = not raw and takes_message_info(callback)
         self.malformed = 0
         any_type = f"{node.context.domain_id}/{topic.lstrip('/')}/*/*"
         if qos.transient_local:  # first the publishers' cached messages, then live ones
@@ -610,6 +642,7 @@ class Subscription(_Endpoint):
         self._announce()
 
     def _on_sample(self, sample: zenoh.Sample) -> None:
+        received = time.time_ns()
         key = str(sample.key_expr)
         data = sample.payload.to_bytes()
         if key != self.key:
@@ -634,7 +667,10 @@ class Subscription(_Endpoint):
                 self.node.get_logger().error(f"dropped a malformed message on {self.topic_name} (type "
                                              f"{self.ros_type}, {len(data)} bytes): {exc}{note}")
             return
-        self.node.context.post(self._callback, msg)
+        if self._with_info:
+            self.node.context.post(self._callback, msg, message_info(sample.attachment, received))
+        else:
+            self.node.context.post(self._callback, msg)
 
     def destroy(self) -> None:
         self._sub.undeclare()
@@ -1006,6 +1042,12 @@ class Node:
             self._token.undeclare()
         except zenoh.ZError:
             pass
+
+
+def publisher_gid(publisher: Publisher) -> bytes:
+    """runtime.publisher_gid(): the gid this publisher's messages carry (their attachment's), as a
+    subscription's message info names it."""
+    return publisher.gid
 
 
 def shaped(node: Node, publisher: Publisher, topic: str | None = None) -> Publisher:

@@ -19,6 +19,9 @@ this module keeps them together:
 - Action feedback. rclpy's ActionClient forgets a goal's feedback callback when the goal's result
   is in, and takes one feedback message per wake-up, so feedback still queued behind the result
   of a busy client is dropped. :class:`ActionClient` keeps delivering it.
+- Message info. A subscription callback that takes it (two parameters) gets rclpy's info dict
+  with the sender's ``publisher_gid`` added, as the embedded backend gives it; rclpy Jazzy leaves
+  the gid out, so :func:`spin`'s executors take such messages through rcl (publisher_gids.py).
 - Shutdown. rclpy's signal handlers shut the context down on SIGINT and SIGTERM, and spin returns,
   as on the embedded backend. No KeyboardInterrupt follows, so a second Ctrl-C (a terminal signals
   the whole process group, and `ros2 launch` signals its nodes again) cannot break the node's
@@ -51,6 +54,7 @@ from unique_identifier_msgs.msg import UUID
 
 from edge_llm_ros.runtime import stopping
 from edge_llm_ros.runtime.link import NodeLinks
+from edge_llm_ros.runtime.publisher_gids import TakesPublisherGids
 
 EXECUTOR_THREADS = 4  # for callbacks, which never wait for long here; each running goal has a thread more
 FEEDBACK_DEPTH = 100  # feedback history an action server keeps for slow readers (rclpy's default: 10)
@@ -210,6 +214,14 @@ class ActionClient(_RclpyActionClient):
         await super().execute(taken_data)
 
 
+class _SingleThreaded(TakesPublisherGids, SingleThreadedExecutor):
+    """rclpy's executor, giving message-info callbacks the publisher's gid (publisher_gids.py)."""
+
+
+class _MultiThreaded(TakesPublisherGids, MultiThreadedExecutor):
+    """rclpy's executor, giving message-info callbacks the publisher's gid (publisher_gids.py)."""
+
+
 def init(args: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         # rclpy's handlers shut the context down and chain to these: no KeyboardInterrupt, except in
@@ -233,9 +245,9 @@ def spin(node: Node) -> None:
     12). The other nodes keep it until they are measured: under the single-threaded executor, one
     edge-cloud test under rclpy (duplicate and stale verify results) timed out in 2 of 6 runs."""
     if node.single_threaded:
-        executor = SingleThreadedExecutor()
+        executor = _SingleThreaded()
     else:
-        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS + node.goal_threads)
+        executor = _MultiThreaded(num_threads=EXECUTOR_THREADS + node.goal_threads)
     executor.add_node(node)
     try:
         executor.spin()

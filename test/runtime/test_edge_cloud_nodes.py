@@ -5,7 +5,9 @@ emulated link of config/edge_cloud.yaml (25 ms one-way each way: 50 ms RTT, 100 
 The streamed text must be the target's plain greedy output (transformers' own greedy generate on
 SmolLM2's weights, computed in this process: test/references.py) in every edge mode, also when VerifyResults come twice, late or out of order; draft_node
 publishes per-request and periodic aggregate InferenceStats; an unknown goal mode aborts that goal
-only; a verifier killed mid-run must make the goal abort with a clear error within timeout_s.
+only; a verifier killed mid-run must make the goal abort with a clear error within timeout_s; a
+draft, a prune and a release that another node forges for a live request are refused, counted and
+logged by the verifier, and the request stays the greedy output (issue 30).
 The shared deployment drafts on torch (draft_backend:=torch); a second draft_node drafting on
 llama.cpp (the shipped draft's GGUF, the target's tokenizer only) must stream the same output.
 """
@@ -37,6 +39,7 @@ MAX_NEW_TOKENS = 32
 # ended "no final VerifyResult within timeout_s=4 s (after 12 tokens)").
 TIMEOUT_S = 8.0
 DRAFT_STATUS, OK, ERROR = "draft_node: requests", 0, 2  # its status on /diagnostics, and two levels
+VERIFIER_STATUS, FOREIGN = "verifier_node: verifier", "foreign messages refused"  # and the verifier's count
 GONE_WITHIN_S = 4.0  # a verifier gone from the graph ends the goal within this, well before timeout_s
 TRANSIT_S = 0.5  # a message on loopback arrives within this, however busy the machine
 PARAMS = str(REPO / "config" / "edge_cloud.yaml")
@@ -572,6 +575,52 @@ def test_concurrent_goals_are_served_together_and_stay_lossless(nodes, greedy):
     assert all(goal.first.wait(60) for goal in goals)  # both have streamed before either ended
     results = [assert_greedy(goal, ref) for goal, ref in zip(goals, refs)]
     assert results[0].stats.mode == "ar" and results[1].stats.mode == "ee"
+
+
+@pytest.mark.parametrize("nodes", BACKENDS, indirect=True)
+def test_a_draft_prune_and_release_from_another_node_leave_a_live_request_alone(nodes, reference):
+    """A process reads a live request's id on `verify` (broadcast to every robot) and sends, from a
+    node of its own, a draft for the request's next round, a prune and a release, each of which would
+    end or corrupt the request. The verifier refuses the three (unanswered: an answer on `verify`
+    would end the request too), counts them on /diagnostics and logs them; the request streams the
+    target's greedy output."""
+    probe, host, llm = nodes.probe, nodes.host, nodes.llm
+    verifier = (nodes.restarted or [nodes.verifier])[-1]  # the deployment's verifier now
+    prompt = PROMPTS[1]  # 32 tokens in ee: rounds enough after the first, while the forgeries land
+    diagnostics = Diagnostics(probe, host.message("diagnostic_msgs/msg/DiagnosticArray"))
+    DraftTree, PruneInfo = host.message("edge_llm_ros/msg/DraftTree"), host.message("edge_llm_ros/msg/PruneInfo")
+    forger = host.Node("forger", namespace="edge_llm")
+    drafts, prunes = forger.create_publisher(DraftTree, "draft", 10), forger.create_publisher(PruneInfo, "prune", 10)
+    victims: list[str] = []
+    heard = None
+
+    def forge(msg) -> None:  # on the first final outcome heard: the request is live, its next round due
+        if victims or not msg.final or msg.error:
+            return
+        victims.append(msg.request_id)
+        drafts.publish(DraftTree(request_id=msg.request_id, round=msg.round + 1, context_ids=[int(msg.next_token)],
+                                 prefix_len=1, token_ids=[5], parents=[-1], draft_probs=[0.5]))
+        prunes.publish(PruneInfo(request_id=msg.request_id, round=msg.round + 1, keep=[0]))
+        prunes.publish(PruneInfo(request_id=msg.request_id, release=True))
+
+    try:
+        # matched with every reader the graph shows (under rclpy a killed verifier's stays until its lease ends)
+        wait_until(lambda: drafts.get_subscription_count() >= max(1, probe.count_subscribers("/edge_llm/draft"))
+                   and prunes.get_subscription_count() >= max(1, probe.count_subscribers("/edge_llm/prune")), 30,
+                   "the forger's publishers matched with the verifier")
+        before = int(key_values(diagnostics.status(VERIFIER_STATUS, timeout=30))[FOREIGN])
+        heard = probe.create_subscription(host.message("edge_llm_ros/msg/VerifyResult"), "verify", forge, 100)
+        assert_greedy(send(llm, prompt, mode="ee"), Reference(*reference[prompt], "length"))
+        assert len(victims) == 1, "no final outcome heard on verify"
+        counted = diagnostics.status(VERIFIER_STATUS, lambda s: int(key_values(s)[FOREIGN]) >= before + 3, timeout=30)
+        assert int(key_values(counted)[FOREIGN]) == before + 3, counted.values
+        for what in ("draft", "prune", "release"):
+            line = verifier.wait_for_line(f"{what} for request {victims[0]!r} from publisher ", 10)
+            assert line.endswith(f"refused: not the owner: request {victims[0]!r} belongs to another publisher"), line
+    finally:
+        if heard is not None:
+            probe.destroy_subscription(heard)
+        forger.destroy_node()
 
 
 def draft_readers(probe, host) -> set:

@@ -47,6 +47,7 @@ class Clock:
 class Publisher:
     def __init__(self, wire: "Wire", topic: str) -> None:
         self.wire, self.topic_name = wire, topic
+        self.gid = topic.encode()[-16:].rjust(16, b"\0")  # what runtime.publisher_gid reads on the embedded backend
 
     def publish(self, msg) -> None:
         if self.topic_name == "/edge_llm/draft":

@@ -9,6 +9,9 @@
 - A request's rows sent again from prefix 0 are refused (its cache holds them); after a PruneInfo
   with `release` the same rows are served again, with the same output.
 - A new request beyond `max_requests` is refused as busy; a release makes room.
+- A request belongs to its sender (issue 30): rows into both stages, a prune and a release for a
+  live request from another node are refused by each stage (counted on /diagnostics, logged), and
+  the request goes on to the reference tokens.
 - Parameters: `layers` with a gap is refused before anything loads (exit 2), a last stage that
   does not end at the model's last layer is refused at configure (exit 2), a launch file's slot
   beyond the stages exits at once (0); launch/stages.launch.py offers `layers`.
@@ -33,6 +36,7 @@ MAX_NEW_TOKENS = 16
 MAX_REQUESTS = 4
 WIDTH = 576  # SmolLM2-135M's hidden size
 WARN = 1  # DiagnosticStatus level
+FOREIGN = "foreign messages refused"  # a stage's count on /diagnostics
 
 
 def stage_cmd(*params: str, name: str = "stage_node") -> list[str]:
@@ -49,14 +53,18 @@ def prompt_rows(request_id: str, ids: list[int], start: int = 0, step: int = 0):
 
 
 class Scheduler:
-    """This test as the pipeline's scheduler: rows into any stage, releases on `prune`, and the last
-    stage's outputs and the VerifyResults on `verify` by (request id, round)."""
+    """This test as the pipeline's scheduler: rows into any stage (naming its prune publisher, as
+    the pipeline's client does), releases on `prune`, and the last stage's outputs and the
+    VerifyResults on `verify` by (request id, round)."""
 
     def __init__(self, host, probe) -> None:
+        from edge_llm_ros.nodes.ownership import gid_field
+
         self.HiddenStates = host.message("edge_llm_ros/msg/HiddenStates")
         self.PruneInfo = host.message("edge_llm_ros/msg/PruneInfo")
         self.inputs = [probe.create_publisher(self.HiddenStates, f"stage_{i}/in", 100) for i in range(len(SPLIT))]
         self.prune = probe.create_publisher(self.PruneInfo, "prune", 100)
+        self.prune_gid = gid_field(host.publisher_gid(self.prune))
         self.answers: dict[tuple[str, int], object] = {}
         self.arrived = threading.Condition()
         probe.create_subscription(self.HiddenStates, f"stage_{len(SPLIT)}/in", self.on_answer, 100)
@@ -70,7 +78,8 @@ class Scheduler:
     def send(self, rows, stage: int = 0) -> None:
         from edge_llm_ros.nodes.wire import StageMessage
 
-        self.inputs[stage].publish(self.HiddenStates(**StageMessage.from_rows(rows, stage).fields()))
+        self.inputs[stage].publish(self.HiddenStates(**StageMessage.from_rows(rows, stage).fields(),
+                                                     prune_gid=self.prune_gid))
 
     def release(self, request_id: str) -> None:
         self.prune.publish(self.PruneInfo(request_id=request_id, release=True))
@@ -173,6 +182,55 @@ def test_a_release_frees_the_cache_for_the_same_request_from_prefix_0(scheduler,
     scheduler.send(rows)
     assert scheduler.tokens("again", 0) == first
     scheduler.release("again")
+
+
+def foreign_refused(scheduler, stage: int, at_least: int = 0) -> int:
+    """The count of foreign messages a stage refused, from its status on /diagnostics: the newest
+    status, or the first that counts ``at_least``."""
+    status = scheduler.diagnostics.status(f"stage_{stage}: stage", lambda s: int(key_values(s)[FOREIGN]) >= at_least,
+                                          timeout=30)
+    return int(key_values(status)[FOREIGN])
+
+
+def test_rows_prunes_and_a_release_from_another_node_leave_a_live_request_alone(
+        request, scheduler, processes, prompt_and_expected):
+    """A process that read a live request's id (it is on `verify` whenever a stage refuses) sends,
+    from its own node, the request's next rows into both stages, a prune that keeps nothing and a
+    release. Each would cut or end the request; each stage refuses all three (not answered: that
+    would end the request too), counts and logs them, and the request's tokens are the reference."""
+    from edge_llm_ros.core.pipeline.stages import Rows
+    from edge_llm_ros.nodes.wire import StageMessage
+
+    ids, expected = prompt_and_expected
+    host = host_for(request)
+    forger = host.Node("forger", namespace="edge_llm")
+    try:
+        rows_into = [forger.create_publisher(scheduler.HiddenStates, f"stage_{i}/in", 100) for i in range(len(SPLIT))]
+        prune = forger.create_publisher(scheduler.PruneInfo, "prune", 100)
+        wait_until(lambda: all(pub.get_subscription_count() >= 1 for pub in rows_into)
+                   and prune.get_subscription_count() >= len(SPLIT), 30, "the forger's publishers matched")
+        before = [foreign_refused(scheduler, i) for i in range(len(SPLIT))]
+        scheduler.send(prompt_rows("owned", ids))
+        out = scheduler.tokens("owned", 0)[-1:]
+        at = len(ids)  # the request's next position
+        forged = [prompt_rows("owned", out, at, step=1), Rows("owned", 1, at, 0, torch.arange(at, at + 1),
+                                                              torch.zeros(1, WIDTH))]
+        for stage, rows in enumerate(forged):
+            rows_into[stage].publish(scheduler.HiddenStates(**StageMessage.from_rows(rows, stage).fields()))
+        prune.publish(scheduler.PruneInfo(request_id="owned", round=1, prefix_len=2))
+        prune.publish(scheduler.PruneInfo(request_id="owned", release=True))
+        for stage in range(len(SPLIT)):
+            assert foreign_refused(scheduler, stage, before[stage] + 3) == before[stage] + 3
+            processes[stage].wait_for_line("release for request 'owned' from publisher ", 10)
+        assert "not the owner: request 'owned' belongs to another publisher" in processes[0].output
+        while len(out) < len(expected):
+            step = len(out)
+            scheduler.send(prompt_rows("owned", out[-1:], at + len(out) - 1, step))
+            out += scheduler.tokens("owned", step)
+        assert out == expected
+    finally:
+        scheduler.release("owned")
+        forger.destroy_node()
 
 
 def served_once_room_is_made(scheduler, request_id: str, ids: list[int], timeout: float = 20.0) -> list[int]:
