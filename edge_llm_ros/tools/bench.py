@@ -50,7 +50,7 @@ from edge_llm_ros.core.drafts.loading import (
 from edge_llm_ros.core.engine.config import MODES, preset
 from edge_llm_ros.core.engine.decoding import eos_ids
 from edge_llm_ros.core.engine.models import chat_prompt
-from edge_llm_ros.tools import bench_edge_cloud, bench_nav, bench_pipeline, bench_serving, reliability
+from edge_llm_ros.tools import bench_edge_cloud, bench_nav, bench_pipeline, bench_security, bench_serving, reliability
 from edge_llm_ros.tools.bench_harness import (
     LOSSLESS_MARK,
     CpuShare,
@@ -76,7 +76,7 @@ WARMUP_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 SAMPLING_SEED = 1234  # prompt i is sampled with seed SAMPLING_SEED + i, by every runner
 # The verb's other scenarios: importing a scenario's module registers it (the engine registers below).
-SCENARIO_MODULES = (bench_edge_cloud, bench_nav, bench_pipeline, bench_serving, reliability)
+SCENARIO_MODULES = (bench_edge_cloud, bench_nav, bench_pipeline, bench_security, bench_serving, reliability)
 
 
 # -- a section: every runner over every prompt ----------------------------------------------------

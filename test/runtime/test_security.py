@@ -279,7 +279,6 @@ def test_the_secured_go2_sim_reaches_the_red_chair_and_no_forbidden_twist_moves_
     operator's certificate, no project code, so no session rules of ours hold it back): the Go2 stays
     where it is. The operator's `edge-llm-ros topic pub --keystore K --enclave /operator` instruction
     then drives it to the red chair."""
-    import zenoh
 
     from edge_llm_ros.nav.world import REACH_M, Pose, body_gap
     from edge_llm_ros.nav.worldgen import GenerateConfig, generate
@@ -418,3 +417,25 @@ def test_under_ros2_a_keystore_on_this_fast_dds_stops_the_nodes_instead_of_runni
     finally:
         stop_launch(launch)
     assert "runtime: rclpy" not in launch.output  # no node got as far as its first log line
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.timeout(600)
+def test_the_security_bench_runs_plain_and_secured_deployments_side_by_side(tmp_path):
+    """`bench --scenario security --quick`: both parts, both arms, the secured answers identical to the
+    plain ones. Whether mTLS stays within its 5% is the bench's to measure (a miss makes its exit status 1),
+    not this test's: one short round is noise, so a miss of those targets alone is accepted here."""
+    from edge_llm_ros.tools.bench_security import failures
+
+    path = tmp_path / "security.json"
+    proc = subprocess.run([sys.executable, "-m", "edge_llm_ros.tools.bench", "--scenario", "security", "--quick",
+                           "--json", str(path), "--no-progress"], cwd=REPO, capture_output=True, text=True,
+                          timeout=540)
+    report = json.loads(path.read_text())
+    assert proc.returncode == 0 or (proc.returncode == 1 and failures(report)), proc.stdout + proc.stderr
+    assert report["scenario"] == "security" and report["identical"] is True and report["rounds"] == 1
+    for part, key in (("edge_cloud", "round_ms"), ("serving", "tokens_per_s")):
+        assert set(report[part][key]) == {"plain", "secured"} and all(v > 0 for v in report[part][key].values())
+        assert report[part]["ratio"] > 0
+    assert "edge-cloud round time" in proc.stdout and "serving (4 clients)" in proc.stdout
