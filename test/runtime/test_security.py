@@ -80,7 +80,7 @@ def test_every_node_of_each_launch_has_an_enclave_in_its_shipped_policy(name, de
     nodes = {n for e in enclaves for n in e.nodes}
     for deployment in deployments:
         plan = load_plan(name)
-        apply_launch_args(plan, [f"deployment:={deployment}"] if deployment else [])
+        apply_launch_args(plan, ["foxglove:=true", *([f"deployment:={deployment}"] if deployment else [])])
         missing = {n.fqn for n in plan.nodes} - nodes
         assert not missing, (name, deployment, missing)
     assert "/operator" in {e.path for e in enclaves}
