@@ -16,7 +16,7 @@ from edge_llm_ros.tools import bench, bench_harness
 from edge_llm_ros.tools.bench_harness import SCENARIOS, Scenario, register, scenario_parser
 from edge_llm_ros.tools.loading import ToolError
 
-SHIPPED = {"engine", "edge-cloud", "reliability", "serving", "pipeline", "nav"}  # the names users type
+SHIPPED = {"engine", "edge-cloud", "reliability", "security", "serving", "pipeline", "nav"}  # the names users type
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:

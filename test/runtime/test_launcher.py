@@ -744,8 +744,8 @@ def _fake_ros_launch(monkeypatch, share: Path | None = None) -> None:
         "lifecycle_msgs", "lifecycle_msgs.msg")}
     for module, names in (("launch", ["LaunchDescription"]),
                           ("launch.actions", ["DeclareLaunchArgument", "Shutdown", "EmitEvent", "RegisterEventHandler",
-                                              "ExecuteProcess", "LogInfo", "OpaqueFunction"]),
-                          ("launch.substitutions", ["LaunchConfiguration"]), ("launch.event_handlers", ["OnProcessStart"]),
+                                              "ExecuteProcess", "LogInfo", "OpaqueFunction", "SetEnvironmentVariable"]),
+                          ("launch.substitutions", ["LaunchConfiguration", "PythonExpression"]), ("launch.event_handlers", ["OnProcessStart"]),
                           ("launch.conditions", ["IfCondition"]),
                           ("launch_ros.actions", ["Node", "LifecycleNode"]),
                           ("launch_ros.event_handlers", ["OnStateTransition"]),
@@ -773,10 +773,15 @@ def test_ros2_launch_description_of_the_pipeline(monkeypatch, tmp_path):
     declared = {a.args[0]: a.kwargs["default_value"] for a in actions if type(a).__name__ == "DeclareLaunchArgument"}
     assert {"max_requests": "16", "model": "''", "plan_file": "''", "threads": "0", "calibrate": "auto",
             "stats_period_s": "1.0", "context": "2048"}.items() <= declared.items()
-    assert {"foxglove": "false", "foxglove_port": "8765"}.items() <= declared.items()
+    assert {"foxglove": "false", "foxglove_port": "8765", "keystore": ""}.items() <= declared.items()
+    secured = [a for a in actions if type(a).__name__ == "SetEnvironmentVariable"]  # keystore:= sets SROS2's
+    assert [a.args[0] for a in secured] == ["ROS_SECURITY_KEYSTORE", "ROS_SECURITY_ENABLE", "ROS_SECURITY_STRATEGY"]
+    assert all(type(a.kwargs["condition"]).__name__ == "IfCondition" for a in secured)
     *nodes, bridge = [a.kwargs for a in actions if type(a).__name__ in ("Node", "LifecycleNode")]
     assert [type(a).__name__ for a in actions if type(a).__name__ in ("Node", "LifecycleNode")] == [
         "LifecycleNode", "LifecycleNode", "Node", "Node"]  # planner_node and serve_node are managed
+    assert [n["ros_arguments"] for n in nodes] == [["--enclave", f"/edge_llm/{name}"]  # each its own enclave
+                                                   for name in ("planner_node", "serve_node", "monitor")]
     assert [(n["package"], n["executable"], n["name"], n["namespace"], n["output"]) for n in nodes] == [
         ("edge_llm_ros", "planner_node", "planner_node", "edge_llm", "screen"),
         ("edge_llm_ros", "serve_node", "serve_node", "edge_llm", "screen"),
@@ -819,7 +824,7 @@ def test_ros2_launch_description_with_per_node_values(monkeypatch, tmp_path):
                                           "two.yaml")
     actions = description.args[0]
     assert [a.args[0] for a in actions if type(a).__name__ == "DeclareLaunchArgument"] == [
-        "k", "foxglove", "foxglove_port"]  # mode differs; every launch has foxglove:= and foxglove_port:=
+        "k", "keystore", "foxglove", "foxglove_port"]  # mode differs; every launch has keystore:=, foxglove:=, foxglove_port:=
     a, b, _bridge = (x.kwargs for x in actions if type(x).__name__ == "Node")
     assert a["parameters"][1]["mode"].kwargs["default"] == "x" and b["parameters"][1]["mode"].kwargs["default"] == "y"
     assert "on_exit" in a and "on_exit" not in b
