@@ -264,9 +264,12 @@ def test_a_request_beyond_max_requests_is_refused_as_busy(scheduler, prompt_and_
     assert scheduler.answer("one-too-many", 0).error.startswith(
         f"stage 0 (/edge_llm/stage_0): busy: {MAX_REQUESTS} requests hold a cache here")
     # stage 0's status on /diagnostics: WARN for the refusal, its layers, the hop latency of what it served
-    busy = scheduler.diagnostics.status("stage_0: stage", lambda s: level_of(s) == WARN, timeout=30)
+    # (the WARN of the refusal's period: an earlier test's period may have warned of foreign messages)
+    busy = scheduler.diagnostics.status(
+        "stage_0: stage", lambda s: level_of(s) == WARN and "message(s) refused in the last 1 s" in s.message,
+        timeout=30)
     values = key_values(busy)
-    assert "message(s) refused in the last 1 s" in busy.message and values["layers"] == "0-10"
+    assert values["layers"] == "0-10"
     assert values["lifecycle state"] == "active" and float(values["resident MB"]) > 0
     assert int(values["requests holding a cache"]) >= 1
     # stage 1 is fed by stage 0, which stamps what it sends: its hop latency is measured
