@@ -420,12 +420,12 @@ def test_under_ros2_a_keystore_on_this_fast_dds_stops_the_nodes_instead_of_runni
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # four deployments at once: beside the other worker's tests it took 52 s (33 s alone)
 @pytest.mark.timeout(600)
 def test_the_security_bench_runs_plain_and_secured_deployments_side_by_side(tmp_path):
     """`bench --scenario security --quick`: both parts, both arms, the secured answers identical to the
     plain ones. Whether mTLS stays within its 5% is the bench's to measure (a miss makes its exit status 1),
-    not this test's: one short round is noise, so a miss of those targets alone is accepted here, and
-    the test runs in the parallel pass (it bounds no time)."""
+    not this test's: one short round is noise, so a miss of those targets alone is accepted here."""
     from edge_llm_ros.tools.bench_security import failures
 
     path = tmp_path / "security.json"
