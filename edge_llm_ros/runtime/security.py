@@ -490,12 +490,24 @@ def read_config(path: str | Path) -> dict:
         raise SecurityError(f"zenoh config {path}: not JSON5 ({' '.join(str(exc).split())[:200]})") from None
 
 
+def _tls_section(config: dict) -> dict | None:
+    return config.get("transport", {}).get("link", {}).get("tls")
+
+
+def check_secured_config(path: str | Path) -> str:
+    """A keystore's Zenoh config: it has a TLS section and its files pass :func:`check_tls`; the CN."""
+    tls = _tls_section(read_config(path))
+    if not tls:
+        raise SecurityError(f"zenoh config {path}: no transport/link/tls section")
+    return check_tls(tls)
+
+
 def load_config(path: str | Path, *, listen: str | None = None, connect: str | None = None) -> Any:
     """A zenoh.Config from a config file, its TLS files checked first; endpoints replaced when given."""
     import zenoh
 
     config = read_config(path)
-    tls = config.get("transport", {}).get("link", {}).get("tls")
+    tls = _tls_section(config)
     if tls:
         check_tls(tls)
     try:

@@ -27,9 +27,8 @@ from edge_llm_ros.runtime.security import (
     Enclave,
     Keystore,
     SecurityError,
-    check_tls,
+    check_secured_config,
     create_keystore,
-    read_config,
     write_policy,
 )
 
@@ -50,10 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for path in [e.path for e in store.enclaves()] + [f"/{ROUTER_ENCLAVE}"]:
         config = store.router_config if path == f"/{ROUTER_ENCLAVE}" else store.session_config(path)
         try:
-            tls = read_config(config).get("transport", {}).get("link", {}).get("tls")
-            if not tls:
-                raise SecurityError(f"zenoh config {config}: no transport/link/tls section")
-            cn = check_tls(tls)
+            cn = check_secured_config(config)
             print(f"ok      {path}  (certificate CN {cn})")
         except SecurityError as exc:
             failed += 1

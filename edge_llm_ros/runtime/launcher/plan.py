@@ -345,7 +345,7 @@ def apply_launch_args(plan: LaunchPlan, arguments: list[str]) -> None:
 
 def check_keystore(plan: LaunchPlan) -> None:
     """keystore:=DIR: an enclave for every node, and every certificate, key and CA good, before anything starts."""
-    from edge_llm_ros.runtime.security import Keystore, SecurityError, check_tls, read_config
+    from edge_llm_ros.runtime.security import Keystore, SecurityError, check_secured_config
 
     store = Keystore(plan.keystore)
     try:
@@ -353,10 +353,7 @@ def check_keystore(plan: LaunchPlan) -> None:
             raise SecurityError(f"keystore {plan.keystore}: no such directory (make one: edge-llm-ros security create)")
         plan.enclaves = {node.fqn: store.enclave_of(node.fqn) for node in plan.nodes}
         for config in [store.router_config, *{store.session_config(e) for e in plan.enclaves.values()}]:
-            tls = read_config(config).get("transport", {}).get("link", {}).get("tls")
-            if not tls:
-                raise SecurityError(f"zenoh config {config}: no transport/link/tls section")
-            check_tls(tls)
+            check_secured_config(config)
     except SecurityError as exc:
         raise LaunchError(f"keystore:={plan.keystore}: {exc}") from None
 
